@@ -1,0 +1,1 @@
+//! inflate (issue 3)

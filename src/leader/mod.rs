@@ -1,0 +1,1 @@
+//! Leader only: Lease, certificate authority, rotation, webhook-configuration upkeep (issue 4).

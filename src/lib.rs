@@ -1,0 +1,17 @@
+//! kube-overcommit: a mutating admission webhook that makes chosen nodes look larger
+//! to the scheduler. See design.md for the architecture; module map:
+//!
+//! pure (no tokio, no kube client, no I/O): `policy`, `inflate`, `pods`, `admission`
+//! I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`
+#![forbid(unsafe_code)]
+
+pub mod admission;
+pub mod cli;
+pub mod inflate;
+pub mod leader;
+pub mod metrics;
+pub mod pods;
+pub mod policy;
+pub mod probes;
+pub mod server;
+pub mod sources;

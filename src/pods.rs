@@ -1,0 +1,1 @@
+//! pods (issue 3)

@@ -1,0 +1,1 @@
+//! TLS listener, certificate resolver and reload, routes, limits, shutdown (issue 3).
