@@ -8,8 +8,8 @@
 //!   status 400, a Kubernetes `Status` JSON with the reason, outcome `BadRequest`.
 //! - Every valid review: status 200 and `allowed: true`, the request's uid echoed. A review of a
 //!   node is never refused. Any error inside (an unreadable object, a quantity that does not
-//!   parse, even a bug that panics) answers allowed with no patch: outcome `FailedOpen`, the
-//!   reason in `Handled::reason` for the log.
+//!   parse, even a bug that panics) answers allowed with no patch: outcome `FailedOpen`;
+//!   `handle_with_reason` also returns the reason, for the log.
 //! - Nodes: `CREATE nodes` and `UPDATE nodes/status` go through `inflate`; pods: `CREATE pods`
 //!   through `pods`; anything else is allowed unchanged.
 //!
@@ -84,8 +84,6 @@ pub struct Handled {
     pub resource: ReviewResource,
     pub operation: String,
     pub outcome: Outcome,
-    /// For `FailedOpen` and `BadRequest`: what went wrong, for the log (no secrets in it).
-    pub reason: Option<String>,
 }
 
 // ---- what is read from a review -------------------------------------------------------------
@@ -144,6 +142,10 @@ struct RequestEnvelopeIn<'a> {
     kind: Option<KindIn<'a>>,
     #[serde(borrow, default)]
     resource: Option<ResourceIn<'a>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    namespace: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     operation: Option<Cow<'a, str>>,
 }
@@ -259,18 +261,42 @@ impl Decision {
         }
     }
 
-    /// A short human account of the decision.
+    /// A short human account of the decision, ending with the patch.
     pub fn explain(&self) -> String {
-        match self {
+        let mut out = match self {
             Decision::Node(d) => d.explain(),
             Decision::Pod(d) => d.explain(),
-            Decision::NotMutated(why) => format!("{why}: allowed unchanged\n"),
+            Decision::NotMutated(why) => return format!("{why}: allowed unchanged\n"),
+        };
+        if self.patch().is_empty() {
+            out.push_str("patch: none (already as it should be)\n");
+        } else {
+            out.push_str("patch:\n");
         }
+        for op in self.patch() {
+            let line = match op {
+                PatchOp::Add { path, value } => format!("  add {path} = {value}\n"),
+                PatchOp::Replace { path, value } => format!("  replace {path} = {value}\n"),
+                PatchOp::Remove { path } => format!("  remove {path}\n"),
+            };
+            out.push_str(&line);
+        }
+        out
     }
 }
 
 /// Handle one request body. Never panics on any input.
 pub fn handle(body: &[u8], policies: &PolicySet, settings: &Settings) -> Handled {
+    handle_with_reason(body, policies, settings).0
+}
+
+/// `handle`, plus for `FailedOpen` and `BadRequest` what went wrong (which object, why), for
+/// the log. The reason holds no secret material: names, resource names and quantities.
+pub fn handle_with_reason(
+    body: &[u8],
+    policies: &PolicySet,
+    settings: &Settings,
+) -> (Handled, Option<String>) {
     let request = match parse(body) {
         Parsed::Review(request) => request,
         Parsed::Unreadable {
@@ -303,12 +329,18 @@ pub fn handle(body: &[u8], policies: &PolicySet, settings: &Settings) -> Handled
     };
     let ops = decision.patch();
     if ops.is_empty() {
-        return answer(uid, resource, operation, None, Outcome::Unchanged);
+        return (
+            answer(uid, resource, operation, None, Outcome::Unchanged),
+            None,
+        );
     }
     match patch::to_json(ops) {
         Ok(json) => {
             let encoded = base64::engine::general_purpose::STANDARD.encode(json);
-            answer(uid, resource, operation, Some(encoded), Outcome::Patched)
+            (
+                answer(uid, resource, operation, Some(encoded), Outcome::Patched),
+                None,
+            )
         }
         Err(e) => fail_open(
             uid,
@@ -393,7 +425,11 @@ fn parse(body: &[u8]) -> Parsed<'_> {
                     uid: request.uid.as_deref().unwrap_or_default().to_string(),
                     resource: classify(request.kind.as_ref(), request.resource.as_ref()),
                     operation: request.operation.as_deref().unwrap_or_default().to_string(),
-                    reason: format!("object unreadable: {object_error}"),
+                    reason: describe_object(
+                        request.name.as_deref(),
+                        request.namespace.as_deref(),
+                        &format!("object unreadable: {object_error}"),
+                    ),
                 }
             }
             Err(e) => Parsed::Bad(format!("body is not an AdmissionReview: {e}")),
@@ -482,8 +518,16 @@ fn node_view<'v>(object: &'v ObjectIn<'v>) -> NodeView<'v> {
 
 /// The reason, with which object it was about.
 fn describe(request: &RequestIn<'_>, reason: &str) -> String {
-    let name = request.name.as_deref().unwrap_or_default();
-    match request.namespace.as_deref().filter(|n| !n.is_empty()) {
+    describe_object(
+        request.name.as_deref(),
+        request.namespace.as_deref(),
+        reason,
+    )
+}
+
+fn describe_object(name: Option<&str>, namespace: Option<&str>, reason: &str) -> String {
+    let name = name.unwrap_or_default();
+    match namespace.filter(|n| !n.is_empty()) {
         Some(namespace) => format!("{namespace}/{name}: {reason}"),
         None if !name.is_empty() => format!("{name}: {reason}"),
         None => reason.to_string(),
@@ -522,17 +566,22 @@ fn answer(
         resource,
         operation,
         outcome,
-        reason: None,
     }
 }
 
-fn fail_open(uid: &str, resource: ReviewResource, operation: String, reason: String) -> Handled {
-    let mut handled = answer(uid, resource, operation, None, Outcome::FailedOpen);
-    handled.reason = Some(reason);
-    handled
+fn fail_open(
+    uid: &str,
+    resource: ReviewResource,
+    operation: String,
+    reason: String,
+) -> (Handled, Option<String>) {
+    (
+        answer(uid, resource, operation, None, Outcome::FailedOpen),
+        Some(reason),
+    )
 }
 
-fn bad_request(message: &str) -> Handled {
+fn bad_request(message: &str) -> (Handled, Option<String>) {
     let status = StatusOut {
         api_version: "v1",
         kind: "Status",
@@ -543,14 +592,14 @@ fn bad_request(message: &str) -> Handled {
     };
     let body =
         serde_json::to_vec(&status).unwrap_or_else(|_| br#"{"kind":"Status","code":400}"#.to_vec());
-    Handled {
+    let handled = Handled {
         status: 400,
         body,
         resource: ReviewResource::Other,
         operation: String::new(),
         outcome: Outcome::BadRequest,
-        reason: Some(message.to_string()),
-    }
+    };
+    (handled, Some(message.to_string()))
 }
 
 #[cfg(test)]

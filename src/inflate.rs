@@ -429,10 +429,6 @@ impl NodeDecision {
         for note in &self.notes {
             out.push_str(&format!("  note: {note}\n"));
         }
-        out.push_str(&match self.patch.len() {
-            0 => "  patch: none (already as it should be)\n".to_string(),
-            n => format!("  patch: {n} operation(s)\n"),
-        });
         out
     }
 }

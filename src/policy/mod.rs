@@ -8,9 +8,10 @@
 //!   `PolicySet::from_valid(policies)` keeps the valid ones and reports the rest (for the CRD
 //!   watch, where one bad object must not block every other policy).
 //!
-//! Choosing for a node: the highest `priority` whose `nodeSelector` matches the node's labels,
-//! ties broken by name (alphabetically first wins); a node labelled
-//! `overcommit.dev/disabled=true` gets no policy.
+//! Choosing for a node: among the policies that have `nodeRatios`, the highest `priority` whose
+//! `nodeSelector` matches the node's labels, ties broken by name (alphabetically first wins); a
+//! node labelled `overcommit.dev/disabled=true` gets no policy. A policy with only
+//! `podDefaults` never applies to nodes.
 //!
 //! Choosing for a pod: pods are not on a node when they are created, so node selectors do not
 //! apply. The pod defaults in force are those of the highest-priority policy (ties by name)
@@ -205,7 +206,11 @@ impl PolicySet {
         if labels.label(DISABLED_LABEL) == Some("true") {
             return NodeChoice::OptedOut;
         }
-        match self.compiled.iter().find(|p| p.selector.matches(labels)) {
+        match self
+            .compiled
+            .iter()
+            .find(|p| !p.ratios.is_empty() && p.selector.matches(labels))
+        {
             Some(policy) => NodeChoice::Policy(policy),
             None => NodeChoice::NoPolicy,
         }
@@ -273,6 +278,16 @@ pub fn parse_policy_file(text: &str) -> Result<Vec<OvercommitPolicy>, PolicyErro
     // Refuse duplicates here too, so the file as a whole is either good or not.
     PolicySet::new(policies.clone())?;
     Ok(policies)
+}
+
+/// The CustomResourceDefinition of OvercommitPolicy as YAML, as checked in under
+/// deploy/crd/overcommitpolicies.yaml (`kube-overcommit crd`, `make crd`).
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    let yaml = serde_yaml::to_string(&OvercommitPolicy::crd())?;
+    Ok(format!(
+        "# Generated from the OvercommitPolicy Rust type by `kube-overcommit crd` (make crd). Do not edit.\n{yaml}"
+    ))
 }
 
 /// The first field of a policy document that the type does not know (a typo like `nodeRatio`

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::quantity::Ratio;
 
 fn policy_yaml(name: &str, spec: &str) -> String {
     format!(
@@ -204,18 +205,18 @@ fn empty_file_and_empty_documents_mean_no_policies() {
 #[test]
 fn chooses_highest_priority_then_name() {
     let yaml = [
-        policy_yaml("low", "  priority: 1"),
+        policy_yaml("low", "  priority: 1\n  nodeRatios: {cpu: \"2\"}"),
         policy_yaml(
             "b-high",
-            "  priority: 5\n  nodeSelector: {matchLabels: {pool: batch}}",
+            "  priority: 5\n  nodeRatios: {cpu: \"2\"}\n  nodeSelector: {matchLabels: {pool: batch}}",
         ),
         policy_yaml(
             "a-high",
-            "  priority: 5\n  nodeSelector: {matchLabels: {pool: batch}}",
+            "  priority: 5\n  nodeRatios: {cpu: \"2\"}\n  nodeSelector: {matchLabels: {pool: batch}}",
         ),
         policy_yaml(
             "gpu",
-            "  priority: 9\n  nodeSelector: {matchExpressions: [{key: gpu, operator: Exists}]}",
+            "  priority: 9\n  nodeRatios: {cpu: \"2\"}\n  nodeSelector: {matchExpressions: [{key: gpu, operator: Exists}]}",
         ),
     ]
     .join("---\n");
@@ -241,6 +242,18 @@ fn chooses_highest_priority_then_name() {
         set.names().collect::<Vec<_>>(),
         vec!["gpu", "a-high", "b-high", "low"]
     );
+}
+
+#[test]
+fn policies_without_node_ratios_never_apply_to_nodes() {
+    let yaml = [
+        policy_yaml("pods-only", "  priority: 9\n  podDefaults: {requests: {cpu: 100m}}"),
+        policy_yaml("nodes", "  priority: 1\n  nodeRatios: {cpu: \"2\"}\n  nodeSelector: {matchLabels: {pool: batch}}"),
+    ]
+    .join("---\n");
+    let set = set(&yaml);
+    assert_eq!(chosen(&set, &labels(&[("pool", "batch")])), "nodes");
+    assert_eq!(chosen(&set, &labels(&[])), "<none>");
 }
 
 #[test]
@@ -304,4 +317,53 @@ fn from_valid_keeps_good_policies_and_reports_bad_ones() {
 fn policy_set_new_refuses_duplicates() {
     let p = OvercommitPolicy::new("same", OvercommitPolicySpec::default());
     assert!(PolicySet::new(vec![p.clone(), p]).is_err());
+}
+
+#[test]
+fn checked_in_crd_is_up_to_date() {
+    // `make crd` (or UPDATE_CRD=1 cargo test checked_in_crd) rewrites the file.
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crd/overcommitpolicies.yaml");
+    let generated = match crd_yaml() {
+        Ok(yaml) => yaml,
+        Err(e) => panic!("CRD does not serialise: {e}"),
+    };
+    if std::env::var_os("UPDATE_CRD").is_some_and(|v| v == "1") {
+        if let Err(e) = std::fs::write(&path, &generated) {
+            panic!("cannot write {}: {e}", path.display());
+        }
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "{} is out of date with the OvercommitPolicy type; run `make crd`",
+        path.display()
+    );
+}
+
+#[test]
+fn crd_is_cluster_scoped_with_the_validations_the_code_applies() {
+    let yaml = crd_yaml().unwrap_or_default();
+    for needle in [
+        "scope: Cluster",
+        "group: overcommit.dev",
+        "name: v1alpha1",
+        Ratio::PATTERN,
+        "- DoesNotExist",
+        "maximum: 1000000",
+        "maximum: 100",
+        "self.all(k, k in ['cpu', 'memory'])",
+    ] {
+        assert!(yaml.contains(needle), "CRD lacks {needle:?}");
+    }
+}
+
+#[test]
+fn example_policy_is_valid() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/policy.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    match parse_policy_file(&text).and_then(PolicySet::new) {
+        Ok(set) => assert!(set.len() >= 2, "the example shows several policies"),
+        Err(e) => panic!("{}: {e}", path.display()),
+    }
 }
