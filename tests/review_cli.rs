@@ -19,10 +19,9 @@ fn run(args: &[&str], stdin: Option<&[u8]>) -> Output {
         Ok(child) => child,
         Err(e) => panic!("cannot run {BIN}: {e}"),
     };
-    if let Some(mut pipe) = child.stdin.take() {
-        if let Some(input) = stdin {
-            let _ = pipe.write_all(input);
-        }
+    // Dropping the pipe closes stdin.
+    if let (Some(mut pipe), Some(input)) = (child.stdin.take(), stdin) {
+        let _ = pipe.write_all(input);
     }
     match child.wait_with_output() {
         Ok(output) => output,

@@ -328,10 +328,10 @@ fn checked_in_crd_is_up_to_date() {
         Ok(yaml) => yaml,
         Err(e) => panic!("CRD does not serialise: {e}"),
     };
-    if std::env::var_os("UPDATE_CRD").is_some_and(|v| v == "1") {
-        if let Err(e) = std::fs::write(&path, &generated) {
-            panic!("cannot write {}: {e}", path.display());
-        }
+    if std::env::var_os("UPDATE_CRD").is_some_and(|v| v == "1")
+        && let Err(e) = std::fs::write(&path, &generated)
+    {
+        panic!("cannot write {}: {e}", path.display());
     }
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
