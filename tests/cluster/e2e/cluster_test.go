@@ -531,3 +531,37 @@ func TestDownLeavesNothingAfterCrash(t *testing.T) {
 		t.Fatalf("pgrep: %v %s", err, bytes.TrimSpace(out))
 	}
 }
+
+// A control plane whose owner died (a test binary killed by its -timeout) stops by itself.
+func TestStopsWhenOwnerGone(t *testing.T) {
+	bin, err := harness.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := exec.Command("sleep", "300")
+	if err := owner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	run := runfiles.Dir(t.TempDir())
+	t.Cleanup(func() {
+		_ = owner.Process.Kill()
+		_ = exec.Command(bin, "down", "--run-dir="+string(run)).Run()
+	})
+	out, err := exec.Command(bin, "up", "--run-dir="+string(run), fmt.Sprintf("--exit-with-pid=%d", owner.Process.Pid)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kcp up: %v\n%s", err, out)
+	}
+	if n := len(run.Processes()); n != 5 {
+		t.Fatalf("want 5 processes, got %v", run.Processes())
+	}
+	_ = owner.Process.Kill()
+	_, _ = owner.Process.Wait()
+	if err := harness.Eventually(30*time.Second, 100*time.Millisecond, func() error {
+		if left := run.Processes(); len(left) > 0 {
+			return fmt.Errorf("still running: %v", left)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -40,13 +40,17 @@ import (
 
 // Options of a control plane.
 type Options struct {
-	Run            runfiles.Dir
-	Nodes          int
-	FakeNodeArgs   []string
-	APIServerArgs  []string
-	KeepData       bool
-	ReadyTimeout   time.Duration
-	ResolverPeriod time.Duration
+	Run           runfiles.Dir
+	Nodes         int
+	FakeNodeArgs  []string
+	APIServerArgs []string
+	KeepData      bool
+	ReadyTimeout  time.Duration
+	// ExitWithPID stops the control plane when that process is gone (a test binary killed by
+	// its timeout never runs its cleanup). 0: no such watch.
+	ExitWithPID int
+	// MaxLifetime stops the control plane after this long. 0: no limit.
+	MaxLifetime time.Duration
 }
 
 // FreePort asks the kernel for an unused port on 127.0.0.1.
@@ -183,6 +187,23 @@ func Supervise(opts Options) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if opts.MaxLifetime > 0 {
+		time.AfterFunc(opts.MaxLifetime, func() {
+			log.Printf("max lifetime %v reached", opts.MaxLifetime)
+			cancel()
+		})
+	}
+	if opts.ExitWithPID > 0 {
+		go func() {
+			for runfiles.Alive(opts.ExitWithPID) {
+				time.Sleep(500 * time.Millisecond)
+			}
+			log.Printf("process %d is gone", opts.ExitWithPID)
+			cancel()
+		}()
+	}
 	sp := newSpawner()
 	env := append(os.Environ(), "KCP_RUN_DIR="+string(run))
 	var wg sync.WaitGroup
