@@ -178,11 +178,9 @@ func (k *kubelet) tryUpdateNodeStatus(ctx context.Context, try int) error {
 	}
 	node, err := k.cfg.Client.CoreV1().Nodes().Get(ctx, k.name, opts)
 	if err != nil {
+		// A first read from the API server's cache may miss a node created a moment ago; the
+		// next try reads from etcd. Like the kubelet, never register again once registered.
 		k.box.with(func(s *Stats) { s.GetFailures++ })
-		if apierrors.IsNotFound(err) {
-			// Deleted under us: register again, like a kubelet whose node object vanished.
-			k.register(ctx)
-		}
 		return err
 	}
 	original := node.DeepCopy()
