@@ -142,6 +142,24 @@ async fn kubelet_data_swap_reaches_new_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_reread_picks_up_a_swap_without_notifications() {
+    let (pki, leaf1) = leaf_pair();
+    let w = Webhook::start(&leaf1, &["--no-file-watch", "--cert-reload-interval=300ms"]);
+    w.wait_ready().await;
+    let next = pki.leaf("leaf-polled");
+    write_leaf(&w.tls_dir, &next);
+    let ok = wait_until(Duration::from_secs(5), || async {
+        peer_leaf(w.webhook, pki.ca_der()).await == Some(next.cert_der.clone())
+    })
+    .await;
+    assert!(
+        ok,
+        "periodic re-read did not pick up the new pair; logs:\n{}",
+        w.logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_or_mismatched_pairs_keep_the_last_good_one() {
     let (pki, good) = leaf_pair();
     let w = Webhook::start(&good, &[]);
@@ -680,4 +698,112 @@ async fn policy_file_reloads_and_a_bad_file_keeps_the_last_good_set() {
         })
         .await
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed() {
+    let (pki, leaf) = leaf_pair();
+    let w = Webhook::start(&leaf, &["--idle-timeout=1s", "--header-read-timeout=30s"]);
+    w.wait_ready().await;
+    let open = |m: &str| metric_value(m, "kube_overcommit_open_connections");
+    for http2 in [true, false] {
+        let c = client_for(&w, pki.ca_der(), http2);
+        let r = c
+            .post(url(&w, "/mutate"))
+            .json(&node_review("idle", "4"))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 200);
+        assert_eq!(open(&w.metrics().await), 1.0);
+        let started = Instant::now();
+        let closed = wait_until(Duration::from_secs(5), || async {
+            open(&w.metrics().await) == 0.0
+        })
+        .await;
+        assert!(closed, "idle connection (http2={http2}) not closed");
+        assert!(
+            started.elapsed() >= Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        // The client reconnects transparently.
+        let r = c
+            .post(url(&w, "/mutate"))
+            .json(&node_review("again", "4"))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 200);
+        drop(c);
+        assert!(
+            wait_until(Duration::from_secs(5), || async {
+                open(&w.metrics().await) == 0.0
+            })
+            .await
+        );
+    }
+}
+
+#[test]
+fn every_serve_flag_has_an_environment_variable() {
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .expect("run --help");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    // Each option's block runs from its `--flag` line to the next one.
+    let mut blocks: Vec<String> = Vec::new();
+    for line in help.lines() {
+        let t = line.trim_start();
+        if t.starts_with("--") || (t.starts_with('-') && t.contains(", --")) {
+            blocks.push(String::new());
+        }
+        if let Some(b) = blocks.last_mut() {
+            b.push_str(line);
+            b.push('\n');
+        }
+    }
+    let mut flags = 0;
+    for b in &blocks {
+        let name = b
+            .split_whitespace()
+            .find(|w| w.starts_with("--"))
+            .unwrap_or("");
+        if name == "--help" || name == "--version" {
+            continue;
+        }
+        flags += 1;
+        assert!(
+            b.contains("[env: KUBE_OVERCOMMIT_"),
+            "{name} has no environment variable:\n{b}"
+        );
+    }
+    assert!(flags >= 15, "only {flags} flags found:\n{help}");
+    for env in [
+        "KUBE_OVERCOMMIT_LISTEN",
+        "KUBE_OVERCOMMIT_TLS_DIR",
+        "KUBE_OVERCOMMIT_PROBE_LISTEN",
+        "KUBE_OVERCOMMIT_POLICY_FILE",
+    ] {
+        assert!(help.contains(env), "{env}");
+    }
+}
+
+#[test]
+fn bad_flags_are_refused_clearly() {
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--max-body-bytes=1000"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max-body-bytes"), "{err}");
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--idle-timeout=forever"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid duration"));
 }

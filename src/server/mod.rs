@@ -342,6 +342,12 @@ async fn idle(activity: &Activity, timeout: Duration) {
     }
 }
 
+/// Resolves when a stop/drain signal turns true (or its sender is gone).
+pub async fn turned_true(rx: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not `Send`; drop it here, before any other await.
+    let _ = rx.wait_for(|v| *v).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,10 +362,4 @@ mod tests {
         assert_eq!(humantime_like("s"), None);
         assert_eq!(humantime_like("5d"), None);
     }
-}
-
-/// Resolves when a stop/drain signal turns true (or its sender is gone).
-pub async fn turned_true(rx: &mut watch::Receiver<bool>) {
-    // The guard `wait_for` returns is not `Send`; drop it here, before any other await.
-    let _ = rx.wait_for(|v| *v).await;
 }
