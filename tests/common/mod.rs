@@ -153,21 +153,34 @@ impl Webhook {
 
     /// Start with an empty TLS directory when `leaf` is None (a Secret not written yet).
     pub fn start_with(leaf: Option<&Leaf>, extra: &[&str]) -> Self {
+        Self::start_opts(leaf, true, extra, &[])
+    }
+
+    /// Full control: without `policy_file` the binary watches the CRD (set KUBECONFIG in `env`).
+    pub fn start_opts(
+        leaf: Option<&Leaf>,
+        policy_file: bool,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let tls_dir = tmp.path().join("tls");
         match leaf {
             Some(leaf) => write_leaf(&tls_dir, leaf),
             None => std::fs::create_dir_all(&tls_dir).expect("tls dir"),
         }
-        let policy_file = tmp.path().join("policies.yaml");
-        std::fs::write(&policy_file, POLICY_YAML).expect("policy file");
+        let policy_path = tmp.path().join("policies.yaml");
         let mut cmd = Command::new(BIN);
         cmd.arg("serve")
             .arg("--listen=127.0.0.1:0")
             .arg("--probe-listen=127.0.0.1:0")
             .arg(format!("--tls-dir={}", tls_dir.display()))
-            .arg(format!("--policy-file={}", policy_file.display()))
-            .arg("--namespace=kube-overcommit")
+            .arg("--namespace=kube-overcommit");
+        if policy_file {
+            std::fs::write(&policy_path, POLICY_YAML).expect("policy file");
+            cmd.arg(format!("--policy-file={}", policy_path.display()));
+        }
+        cmd.envs(env.iter().copied())
             .arg("--log-format=json")
             .args(extra)
             .env("RUST_LOG", "info,kube_overcommit=debug")
@@ -211,7 +224,7 @@ impl Webhook {
             logs,
             tmp,
             tls_dir,
-            policy_file,
+            policy_file: policy_path,
         }
     }
 
