@@ -745,6 +745,35 @@ async fn idle_connections_are_closed() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keepalive_outlives_the_header_timeout() {
+    // The API server pools connections for up to 90 s; waiting for the next request is not a
+    // slow header, and closing then would race the client's next request.
+    let (pki, leaf) = leaf_pair();
+    let w = Webhook::start(&leaf, &["--header-read-timeout=1s", "--idle-timeout=60s"]);
+    w.wait_ready().await;
+    let mut s = tls_connect(
+        w.webhook,
+        client_config(pki.ca_der(), &all_versions(), &[b"http/1.1"]),
+    )
+    .await
+    .expect("tls");
+    let body = serde_json::to_vec(&node_review("ka", "4")).expect("json");
+    let req = [
+        format!("POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes(),
+        body,
+    ]
+    .concat();
+    for _ in 0..2 {
+        s.write_all(&req).await.expect("write");
+        assert_eq!(read_response(&mut s).await.expect("response").status, 200);
+        assert!(
+            !closed_within(&mut s, Duration::from_secs(3)).await,
+            "an idle keep-alive connection was closed by the header timeout"
+        );
+    }
+}
+
 #[test]
 fn every_serve_flag_has_an_environment_variable() {
     let out = std::process::Command::new(BIN)
