@@ -60,10 +60,8 @@ impl ControlPlane {
             .stderr(Stdio::piped())
             .spawn()
             .expect("kubectl");
-        if let Some(mut input) = child.stdin.take() {
-            if let Some(s) = stdin {
-                input.write_all(s.as_bytes()).expect("stdin");
-            }
+        if let (Some(mut input), Some(s)) = (child.stdin.take(), stdin) {
+            input.write_all(s.as_bytes()).expect("stdin");
         }
         let out = child.wait_with_output().expect("kubectl output");
         let text = format!(
