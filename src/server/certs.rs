@@ -121,6 +121,10 @@ impl CertResolver {
     pub fn has_cert(&self) -> bool {
         self.current.load().is_some()
     }
+    /// The pair new connections get now (the leaf is `cert[0]`), if any.
+    pub fn current(&self) -> Option<Arc<CertifiedKey>> {
+        self.current.load_full()
+    }
 }
 
 impl ResolvesServerCert for CertResolver {

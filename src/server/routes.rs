@@ -69,8 +69,9 @@ impl App {
             Ok(n) => n,
             Err(()) => return self.reject(StatusCode::BAD_REQUEST, "invalid Content-Length\n"),
         };
+        let version = req.version();
         if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
-            return self.too_large();
+            return self.too_large(version);
         }
         let timeout = req
             .uri()
@@ -80,7 +81,7 @@ impl App {
         let capacity = declared.map_or(DEFAULT_BODY_CAPACITY, |n| n as usize);
         let body = match read_body(req.into_body(), self.max_body_bytes, capacity, timeout).await {
             Ok(b) => b,
-            Err(BodyError::TooLarge) => return self.too_large(),
+            Err(BodyError::TooLarge) => return self.too_large(version),
             Err(BodyError::TimedOut) => {
                 return self.reject(
                     StatusCode::REQUEST_TIMEOUT,
@@ -143,14 +144,17 @@ impl App {
         r
     }
 
-    fn too_large(&self) -> Response<Full<Bytes>> {
+    fn too_large(&self, version: http::Version) -> Response<Full<Bytes>> {
         let mut r = self.reject(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request body exceeds the size limit (--max-body-bytes)\n",
         );
-        // The rest of the body is not read, so the connection cannot be reused.
-        r.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        // HTTP/1.1: the rest of the body is not read, so the connection cannot be reused.
+        // (HTTP/2 resets just the stream; connection headers are not allowed there.)
+        if version <= http::Version::HTTP_11 {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         r
     }
 }
