@@ -774,6 +774,59 @@ async fn idle_keepalive_outlives_the_header_timeout() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limit_holds_extra_clients_in_the_backlog() {
+    let (pki, leaf) = leaf_pair();
+    let w = Webhook::start(
+        &leaf,
+        &["--max-connections=2", "--tls-handshake-timeout=30s"],
+    );
+    w.wait_ready().await;
+    let cfg = || client_config(pki.ca_der(), &all_versions(), &[b"http/1.1"]);
+    let first = tls_connect(w.webhook, cfg()).await.expect("first");
+    let _second = tls_connect(w.webhook, cfg()).await.expect("second");
+    // The third TCP connection is queued by the kernel, not served: its handshake stalls.
+    let third = tokio::spawn(tls_connect(w.webhook, cfg()));
+    assert!(
+        !wait_until(Duration::from_millis(1500), || async {
+            third.is_finished()
+        })
+        .await,
+        "a third connection was served above --max-connections=2"
+    );
+    drop(first);
+    let third = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("served once a slot is free")
+        .expect("task");
+    assert!(third.is_ok(), "{:?}", third.err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_body_over_the_limit_gets_413() {
+    let (pki, leaf) = leaf_pair();
+    let w = Webhook::start(&leaf, &["--max-body-bytes=8388608"]);
+    w.wait_ready().await;
+    let c = client_for(&w, pki.ca_der(), true);
+    let r = c
+        .post(url(&w, "/mutate"))
+        .header("content-type", "application/json")
+        .body(vec![b' '; 8 * 1024 * 1024 + 1])
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 413);
+    // The connection stays usable for the next review.
+    let r = c
+        .post(url(&w, "/mutate"))
+        .json(&node_review("after-413", "4"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+}
+
 #[test]
 fn every_serve_flag_has_an_environment_variable() {
     let out = std::process::Command::new(BIN)
