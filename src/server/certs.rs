@@ -121,9 +121,10 @@ impl CertResolver {
     pub fn has_cert(&self) -> bool {
         self.current.load().is_some()
     }
-    /// The pair new connections get now (the leaf is `cert[0]`), if any.
-    pub fn current(&self) -> Option<Arc<CertifiedKey>> {
-        self.current.load_full()
+    /// DER of the leaf served to new connections (the leader's readiness gate reads it).
+    pub fn leaf_der(&self) -> Option<Vec<u8>> {
+        let current = self.current.load();
+        current.as_ref()?.cert.first().map(|c| c.to_vec())
     }
 }
 

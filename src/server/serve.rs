@@ -75,10 +75,7 @@ fn own_namespace(flag: Option<&str>) -> String {
 #[derive(Clone)]
 pub struct Context {
     pub metrics: Arc<Metrics>,
-    /// Add readiness conditions with `readiness.condition(name, initial)` / `add_check`.
     pub readiness: Readiness,
-    /// The certificate new connections get (e.g. to check it chains to the live caBundle).
-    pub certificate: Arc<CertResolver>,
     /// Turns true when background tasks must stop (after the webhook port drained).
     pub stop: watch::Receiver<bool>,
     pub namespace: String,
@@ -168,16 +165,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         "listening"
     );
 
-    // Other parts (the leader, issue 4) start here with a `Context`, before the
-    // probe port serves, so that their readiness conditions count from the first /readyz.
-    let _context = Context {
-        metrics: metrics.clone(),
-        readiness: readiness.clone(),
-        certificate: resolver,
-        stop: stop_rx.clone(),
-        namespace,
-    };
-
     let reloader_task = tokio::spawn(reloader.run(
         args.server.cert_reload_interval,
         !args.no_file_watch,
@@ -185,6 +172,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     let probe_task = tokio::spawn(probe_serve);
     let mut server_task = tokio::spawn(server.run(drain_rx));
+
+    // Other parts (the leader, issue 4) start here with a `Context`.
+    let _context = Context {
+        metrics: metrics.clone(),
+        readiness: readiness.clone(),
+        stop: stop_rx.clone(),
+        namespace,
+    };
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
