@@ -15,6 +15,35 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
+
+/// What the server needs from `admission::Handled` (its other fields are for logs).
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+    resource: ReviewResource,
+    operation: String,
+    outcome: Outcome,
+}
+
+impl From<Handled> for Answer {
+    fn from(h: Handled) -> Self {
+        let Handled {
+            status,
+            body,
+            resource,
+            operation,
+            outcome,
+            ..
+        } = h;
+        Self {
+            status,
+            body,
+            resource,
+            operation,
+            outcome,
+        }
+    }
+}
 use crate::metrics::{Metrics, RejectLabels};
 use crate::policy::PolicySet;
 
@@ -106,7 +135,7 @@ impl App {
         resp
     }
 
-    fn review(&self, body: &[u8]) -> Handled {
+    fn review(&self, body: &[u8]) -> Answer {
         let policies = self.policies.load();
         let run = || {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -119,7 +148,7 @@ impl App {
             run()
         };
         match result {
-            Ok(h) => h,
+            Ok(h) => h.into(),
             // A bug must not block heartbeats (design.md 3.1): answer allowed, no patch.
             Err(_) => {
                 tracing::error!("admission handler panicked; answering allowed without a patch");
@@ -160,7 +189,7 @@ impl App {
 }
 
 /// Minimal AdmissionReview answer when the handler itself failed: allowed, no patch.
-fn fail_open(body: &[u8]) -> Handled {
+fn fail_open(body: &[u8]) -> Answer {
     #[derive(serde::Deserialize)]
     struct Review {
         request: Option<Req>,
@@ -180,7 +209,7 @@ fn fail_open(body: &[u8]) -> Handled {
         "kind": "AdmissionReview",
         "response": { "uid": uid, "allowed": true },
     });
-    Handled {
+    Answer {
         status: 200,
         body: serde_json::to_vec(&out).unwrap_or_default(),
         resource: ReviewResource::Other,
