@@ -26,6 +26,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve the admission webhook (HTTPS) and the probe/metrics port (HTTP).
     Serve(Box<ServeArgs>),
+    /// Ask the leader for a forced rotation of the serving leaf (or, with --ca, of the CA).
+    Rotate(crate::leader::rotate::RotateArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -74,6 +76,13 @@ pub fn main() -> anyhow::Result<()> {
             // Tasks still running (file watchers, aborted connections) get a moment, no more.
             rt.shutdown_timeout(Duration::from_millis(100));
             res
+        }
+        Command::Rotate(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(crate::leader::rotate::run(args))
         }
     }
 }

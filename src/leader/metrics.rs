@@ -39,27 +39,27 @@ impl LeaderMetrics {
     pub fn new(registry: &mut Registry) -> Self {
         let m = Self::default();
         registry.register(
-            "kube_overcommit_leader",
+            "leader",
             "1 while this replica holds the leader Lease",
             m.leader.clone(),
         );
         registry.register(
-            "kube_overcommit_certificate_rotations",
+            "certificate_rotations",
             "Certificate rotations by kind (leaf, ca) and outcome",
             m.rotations.clone(),
         );
         registry.register(
-            "kube_overcommit_leaf_expiry_seconds",
+            "leaf_expiry_seconds",
             "Seconds until the serving leaf in the serving Secret expires (leader only)",
             m.leaf_expiry_seconds.clone(),
         );
         registry.register(
-            "kube_overcommit_ca_expiry_seconds",
+            "ca_expiry_seconds",
             "Seconds until the current CA expires (leader only)",
             m.ca_expiry_seconds.clone(),
         );
         registry.register(
-            "kube_overcommit_config_repairs",
+            "config_repairs",
             "Objects created or repaired by the leader",
             m.repairs.clone(),
         );

@@ -71,51 +71,52 @@ fn timeout_arg(text: &str) -> Result<i32, String> {
 /// Leader, certificate and webhook-configuration flags (flattened into `serve`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct LeaderArgs {
-    /// Namespace of the webhook's Service, Secrets and Leases.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-overcommit")]
+    /// Namespace of the webhook's Service, Secrets and Leases: `serve`'s own --namespace
+    /// (KUBE_OVERCOMMIT_NAMESPACE, else POD_NAMESPACE), set by `serve` before `start`.
+    #[arg(skip = String::from("kube-overcommit"))]
     pub namespace: String,
     /// Name of the Service the API server calls.
-    #[arg(long, env = "SERVICE_NAME", default_value = "kube-overcommit")]
+    #[arg(long, env = "KUBE_OVERCOMMIT_SERVICE_NAME", default_value = "kube-overcommit")]
     pub service_name: String,
     /// Name of the MutatingWebhookConfiguration the leader keeps in place.
-    #[arg(long, env = "WEBHOOK_CONFIG_NAME", default_value = "kube-overcommit")]
+    #[arg(long, env = "KUBE_OVERCOMMIT_WEBHOOK_CONFIG_NAME", default_value = "kube-overcommit")]
     pub webhook_config_name: String,
     /// Secret holding the serving leaf (tls.crt, tls.key, ca.crt); mounted into replicas.
-    #[arg(long, env = "SERVING_SECRET", default_value = "kube-overcommit-tls")]
+    #[arg(long, env = "KUBE_OVERCOMMIT_SERVING_SECRET", default_value = "kube-overcommit-tls")]
     pub serving_secret: String,
     /// Secret holding the CA key; never mounted.
-    #[arg(long, env = "CA_SECRET", default_value = "kube-overcommit-ca")]
+    #[arg(long, env = "KUBE_OVERCOMMIT_CA_SECRET", default_value = "kube-overcommit-ca")]
     pub ca_secret: String,
     /// Name of the leader Lease.
-    #[arg(long, env = "LEASE_NAME", default_value = "kube-overcommit-leader")]
+    #[arg(long, env = "KUBE_OVERCOMMIT_LEASE_NAME", default_value = "kube-overcommit-leader")]
     pub lease_name: String,
     /// How long a Lease is valid without renewal.
-    #[arg(long, env = "LEASE_TTL", default_value = "15s", value_parser = duration_arg)]
+    #[arg(long, env = "KUBE_OVERCOMMIT_LEASE_TTL", default_value = "15s", value_parser = duration_arg)]
     pub lease_ttl: Duration,
     /// How often the Lease (and each replica report) is renewed.
-    #[arg(long, env = "LEASE_RENEW", default_value = "5s", value_parser = duration_arg)]
+    #[arg(long, env = "KUBE_OVERCOMMIT_LEASE_RENEW", default_value = "5s", value_parser = duration_arg)]
     pub lease_renew: Duration,
     /// Identity in the Leases (default: POD_NAME, else the hostname).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
     /// Lifetime of a new CA.
-    #[arg(long, env = "CA_VALIDITY", default_value = "365d", value_parser = duration_arg)]
+    #[arg(long, env = "KUBE_OVERCOMMIT_CA_VALIDITY", default_value = "365d", value_parser = duration_arg)]
     pub ca_validity: Duration,
     /// Lifetime of a serving leaf (rotated at 2/3 of it).
-    #[arg(long, env = "LEAF_VALIDITY", default_value = "7d", value_parser = duration_arg)]
+    #[arg(long, env = "KUBE_OVERCOMMIT_LEAF_VALIDITY", default_value = "7d", value_parser = duration_arg)]
     pub leaf_validity: Duration,
     /// Longest time between two evaluations of the certificates (capped at 5 s for upkeep).
-    #[arg(long, env = "CHECK_INTERVAL", default_value = "5s", value_parser = duration_arg)]
+    #[arg(long, env = "KUBE_OVERCOMMIT_CHECK_INTERVAL", default_value = "5s", value_parser = duration_arg)]
     pub check_interval: Duration,
     /// How long a new CA is published before leaves come from it; longer than the kubelet's
     /// Secret volume sync.
-    #[arg(long, env = "PROPAGATION_DELAY", default_value = "120s", value_parser = duration_arg)]
+    #[arg(long, env = "KUBE_OVERCOMMIT_PROPAGATION_DELAY", default_value = "120s", value_parser = duration_arg)]
     pub propagation_delay: Duration,
     /// timeoutSeconds of the webhooks, 1 to 5.
-    #[arg(long, env = "WEBHOOK_TIMEOUT_SECONDS", default_value = "2", value_parser = timeout_arg)]
+    #[arg(long, env = "KUBE_OVERCOMMIT_WEBHOOK_TIMEOUT_SECONDS", default_value = "2", value_parser = timeout_arg)]
     pub webhook_timeout_seconds: i32,
     /// Run the leader election (default: on when a kube config is available).
-    #[arg(long, env = "LEADER_ELECTION")]
+    #[arg(long, env = "KUBE_OVERCOMMIT_LEADER_ELECTION")]
     pub leader_election: Option<bool>,
 }
 
@@ -359,4 +360,33 @@ async fn report_loop(
             return;
         }
     }
+}
+
+/// Start the leader part inside `serve`: the namespace comes from `serve`, metrics go to the
+/// shared registry, readiness gets the `certificate-trusted` condition. Off (None) when
+/// --leader-election=false, or when it is not set and no kube config is available.
+pub async fn start_in_serve(
+    args: &LeaderArgs,
+    context: &crate::server::serve::Context,
+    served: Arc<crate::server::certs::CertResolver>,
+) -> anyhow::Result<Option<Running>> {
+    if args.leader_election == Some(false) {
+        tracing::info!("leader election off (--leader-election=false)");
+        return Ok(None);
+    }
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) if args.leader_election.is_none() => {
+            tracing::info!(error = %e, "no kube config: leader election and certificate management off");
+            return Ok(None);
+        }
+        Err(e) => anyhow::bail!("--leader-election needs a cluster: {e}"),
+    };
+    let mut args = args.clone();
+    args.namespace = context.namespace.clone();
+    let metrics = context.metrics.with_registry(LeaderMetrics::new);
+    let running = start(client, &args, true, served, metrics, context.stop.clone())?;
+    let check = running.readiness.clone();
+    context.readiness.add_check("certificate-trusted", move || check.is_ready());
+    Ok(Some(running))
 }

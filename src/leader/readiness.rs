@@ -214,3 +214,9 @@ mod tests {
         }
     }
 }
+
+impl ServedCertificate for crate::server::certs::CertResolver {
+    fn leaf_der(&self) -> Option<Vec<u8>> {
+        crate::server::certs::CertResolver::leaf_der(self)
+    }
+}

@@ -18,10 +18,10 @@ pub struct RotateArgs {
     #[arg(long)]
     pub ca: bool,
     /// Namespace of the webhook.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-overcommit")]
+    #[arg(long, env = "KUBE_OVERCOMMIT_NAMESPACE", default_value = "kube-overcommit")]
     pub namespace: String,
     /// The serving Secret.
-    #[arg(long, env = "SERVING_SECRET", default_value = "kube-overcommit-tls")]
+    #[arg(long, env = "KUBE_OVERCOMMIT_SERVING_SECRET", default_value = "kube-overcommit-tls")]
     pub serving_secret: String,
     /// Wait until the leader has taken the request (cleared the annotation), at most this long.
     #[arg(long, value_parser = |s: &str| super::duration::parse_duration(s).map_err(|e| e.to_string()))]
@@ -74,4 +74,13 @@ pub async fn request(client: Client, args: &RotateArgs) -> Result<(), RotateErro
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The `rotate` subcommand (binary edge: anyhow).
+pub async fn run(args: RotateArgs) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .map_err(|e| anyhow::anyhow!("rotate needs a cluster (kubeconfig or in-cluster): {e}"))?;
+    request(client, &args).await?;
+    Ok(())
 }

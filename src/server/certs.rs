@@ -121,6 +121,11 @@ impl CertResolver {
     pub fn has_cert(&self) -> bool {
         self.current.load().is_some()
     }
+    /// DER of the leaf served to new connections (the leader's readiness gate reads it).
+    pub fn leaf_der(&self) -> Option<Vec<u8>> {
+        let current = self.current.load();
+        current.as_ref()?.cert.first().map(|c| c.to_vec())
+    }
 }
 
 impl ResolvesServerCert for CertResolver {
