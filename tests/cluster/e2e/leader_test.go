@@ -168,6 +168,7 @@ func (r *replica) stop() error {
 func startReplicas(t *testing.T, ctx context.Context, ns string, n int, extra ...string) *replicaSet {
 	t.Helper()
 	createNamespace(t, ctx, ns)
+	// (Namespaces are unique per run: a deleted one lingers while it is finalized.)
 	dir := t.TempDir()
 	policy := filepath.Join(dir, "policy.yaml")
 	doc := fmt.Sprintf(`apiVersion: overcommit.dev/v1alpha1
@@ -480,7 +481,7 @@ func TestLeaderBootstrapAndRotations(t *testing.T) {
 	// it is rotated every ~20 s plus the time the rotation takes.
 	budget := time.Duration(leafWant*12+caWant*40+120) * time.Second
 	ctx := harness.Context(t, budget+2*time.Minute)
-	const ns = "ko-rotate"
+	ns := uniqueName("ko-rotate")
 	rs := startReplicas(t, ctx, ns, 3, "--leaf-validity", "15s", "--ca-validity", "60s")
 
 	// Bootstrap: all three ready, the API server sees three ready backends.
@@ -589,23 +590,36 @@ func waitPhase(ctx context.Context, ns, phase string, timeout time.Duration) (pk
 	return p, err
 }
 
-// killLeader SIGKILLs the current leader and starts it again (as a new, non-leading process).
-func (rs *replicaSet) killLeader(ctx context.Context) (string, error) {
+// killLeader SIGKILLs the current leader, waits until another replica leads, then starts the
+// killed one again (as a new, non-leading process with the same identity, like a pod restart).
+func (rs *replicaSet) killLeader(ctx context.Context, phase string) (string, string, error) {
 	id := leaderOf(ctx, rs.ns)
 	r := rs.byID(id)
 	if r == nil {
-		return "", fmt.Errorf("leader %q is not one of ours", id)
+		return "", "", fmt.Errorf("leader %q is not one of ours", id)
 	}
 	r.kill()
+	// The kill must have landed inside the phase (read after it: nobody else writes yet).
+	if p, err := readPKI(ctx, rs.ns); err != nil || p.phase != phase {
+		return id, "", fmt.Errorf("leader killed in phase %q, wanted %q (%v)", p.phase, phase, err)
+	}
+	var next string
+	err := harness.Eventually(60*time.Second, 100*time.Millisecond, func() error {
+		next = leaderOf(ctx, rs.ns)
+		if next == "" || next == id {
+			return fmt.Errorf("no new leader yet (lease holder %q)", next)
+		}
+		return nil
+	})
 	rs.start(r)
-	return id, nil
+	return id, next, err
 }
 
 // The leader is killed in each phase of a forced CA rotation (just published; switched, while
 // waiting for the replicas), and whoever leads next finishes it.
 func TestLeaderKilledInEachPhaseOfCARotation(t *testing.T) {
 	ctx := harness.Context(t, 6*time.Minute)
-	const ns = "ko-failover"
+	ns := uniqueName("ko-failover")
 	rs := startReplicas(t, ctx, ns, 3, "--leaf-validity", "10m", "--ca-validity", "1h")
 	if err := harness.Eventually(90*time.Second, 250*time.Millisecond, func() error { return rs.settled(ctx) }); err != nil {
 		t.Fatalf("bootstrap: %v", err)
@@ -614,7 +628,9 @@ func TestLeaderKilledInEachPhaseOfCARotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(rs.bin, "rotate", "--ca", "--namespace", ns, "--wait", "60s").CombinedOutput()
+	rotate := exec.Command(rs.bin, "rotate", "--ca", "--namespace", ns, "--wait", "60s")
+	rotate.Env = append(os.Environ(), "KUBECONFIG="+shared.Kubeconfig)
+	out, err := rotate.CombinedOutput()
 	if err != nil {
 		t.Fatalf("rotate --ca: %v: %s", err, out)
 	}
@@ -623,19 +639,19 @@ func TestLeaderKilledInEachPhaseOfCARotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	next := p.next
-	id, err := rs.killLeader(ctx)
+	id, next1, err := rs.killLeader(ctx, "published")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("killed leader %s in phase published", id)
+	t.Logf("killed leader %s in phase published; %s leads", id, next1)
 	if _, err := waitPhase(ctx, ns, "switched", 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	id, err = rs.killLeader(ctx)
+	id, next2, err := rs.killLeader(ctx, "switched")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("killed leader %s in phase switched", id)
+	t.Logf("killed leader %s in phase switched; %s leads", id, next2)
 	if err := harness.Eventually(120*time.Second, 250*time.Millisecond, func() error { return rs.settled(ctx) }); err != nil {
 		t.Fatal(err)
 	}
@@ -655,7 +671,7 @@ func TestLeaderKilledInEachPhaseOfCARotation(t *testing.T) {
 // every replica is ready again.
 func TestLeaderRepairsHandEdits(t *testing.T) {
 	ctx := harness.Context(t, 6*time.Minute)
-	const ns = "ko-repair"
+	ns := uniqueName("ko-repair")
 	rs := startReplicas(t, ctx, ns, 3, "--leaf-validity", "10m", "--ca-validity", "1h")
 	if err := harness.Eventually(90*time.Second, 250*time.Millisecond, func() error { return rs.settled(ctx) }); err != nil {
 		t.Fatalf("bootstrap: %v", err)
@@ -790,4 +806,9 @@ func TestLeaderRepairsHandEdits(t *testing.T) {
 	if err := shared.WaitBackendsReady(ns, koService, 3, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// uniqueName: namespaces of earlier runs may still be terminating.
+func uniqueName(prefix string) string {
+	return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()/1e6%1000000)
 }
