@@ -215,7 +215,7 @@ fn serial(now: Timestamp) -> SerialNumber {
     SerialNumber::from_slice(&bytes)
 }
 
-/// A new self-signed CA, valid from a minute before `now` (clock skew) for `validity`.
+/// A new self-signed CA, valid from shortly before `now` (clock skew) for `validity`.
 pub fn issue_ca(now: Timestamp, validity: Duration, name: &str) -> Result<Issued, CertError> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)
         .map_err(|e| CertError::Generate(e.to_string()))?;
@@ -230,7 +230,7 @@ pub fn issue_ca(now: Timestamp, validity: Duration, name: &str) -> Result<Issued
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    params.not_before = offset_time(now - jiff::SignedDuration::from_secs(60))?;
+    params.not_before = offset_time(now - backdate(validity))?;
     params.not_after = offset_time(add(now, validity)?)?;
     params.serial_number = Some(serial(now));
     let cert = params
@@ -240,6 +240,13 @@ pub fn issue_ca(now: Timestamp, validity: Duration, name: &str) -> Result<Issued
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
     })
+}
+
+/// How far `not_before` is set back for clock skew: a minute, but never so much that the
+/// 2/3-of-lifetime point of a short-lived certificate lies in the past at issue.
+fn backdate(validity: Duration) -> jiff::SignedDuration {
+    let d = std::cmp::min(Duration::from_secs(60), validity / 10);
+    jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::ZERO)
 }
 
 fn add(ts: Timestamp, d: Duration) -> Result<Timestamp, CertError> {
@@ -286,7 +293,7 @@ pub fn issue_leaf(
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     params.use_authority_key_identifier_extension = true;
-    let not_before = std::cmp::max(now - jiff::SignedDuration::from_secs(60), ca.not_before);
+    let not_before = std::cmp::max(now - backdate(validity), ca.not_before);
     let not_after = std::cmp::min(add(now, validity)?, ca.not_after);
     params.not_before = offset_time(not_before)?;
     params.not_after = offset_time(not_after)?;
@@ -502,7 +509,23 @@ mod tests {
     fn renew_at_two_thirds() {
         let ca = issue_ca(now(), Duration::from_secs(300), "x").unwrap();
         let ca = parse_pem_bundle(ca.cert_pem.as_bytes()).unwrap().remove(0);
-        // not_before is now - 60 s, so the lifetime is 360 s and 2/3 is 240 s after it.
-        assert_eq!(ca.renew_at(), now() + jiff::SignedDuration::from_secs(180));
+        // not_before is now - 30 s (a tenth), so the lifetime is 330 s and 2/3 is 220 s after it.
+        assert_eq!(ca.renew_at(), now() + jiff::SignedDuration::from_secs(190));
+        // Short lifetimes: the renewal point is always ahead at issue.
+        for secs in [3, 10, 15, 60, 600] {
+            let ca = issue_ca(now(), Duration::from_secs(3600), "x").unwrap();
+            let leaf = issue_leaf(
+                &ca.cert_pem,
+                &ca.key_pem,
+                &names(),
+                now(),
+                Duration::from_secs(secs),
+            )
+            .unwrap();
+            let leaf = parse_pem_bundle(leaf.cert_pem.as_bytes())
+                .unwrap()
+                .remove(0);
+            assert!(leaf.renew_at() > now(), "{secs}s");
+        }
     }
 }

@@ -76,19 +76,39 @@ pub struct LeaderArgs {
     #[arg(skip = String::from("kube-overcommit"))]
     pub namespace: String,
     /// Name of the Service the API server calls.
-    #[arg(long, env = "KUBE_OVERCOMMIT_SERVICE_NAME", default_value = "kube-overcommit")]
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_SERVICE_NAME",
+        default_value = "kube-overcommit"
+    )]
     pub service_name: String,
     /// Name of the MutatingWebhookConfiguration the leader keeps in place.
-    #[arg(long, env = "KUBE_OVERCOMMIT_WEBHOOK_CONFIG_NAME", default_value = "kube-overcommit")]
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_WEBHOOK_CONFIG_NAME",
+        default_value = "kube-overcommit"
+    )]
     pub webhook_config_name: String,
     /// Secret holding the serving leaf (tls.crt, tls.key, ca.crt); mounted into replicas.
-    #[arg(long, env = "KUBE_OVERCOMMIT_SERVING_SECRET", default_value = "kube-overcommit-tls")]
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_SERVING_SECRET",
+        default_value = "kube-overcommit-tls"
+    )]
     pub serving_secret: String,
     /// Secret holding the CA key; never mounted.
-    #[arg(long, env = "KUBE_OVERCOMMIT_CA_SECRET", default_value = "kube-overcommit-ca")]
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_CA_SECRET",
+        default_value = "kube-overcommit-ca"
+    )]
     pub ca_secret: String,
     /// Name of the leader Lease.
-    #[arg(long, env = "KUBE_OVERCOMMIT_LEASE_NAME", default_value = "kube-overcommit-leader")]
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_LEASE_NAME",
+        default_value = "kube-overcommit-leader"
+    )]
     pub lease_name: String,
     /// How long a Lease is valid without renewal.
     #[arg(long, env = "KUBE_OVERCOMMIT_LEASE_TTL", default_value = "15s", value_parser = duration_arg)]
@@ -387,6 +407,8 @@ pub async fn start_in_serve(
     let metrics = context.metrics.with_registry(LeaderMetrics::new);
     let running = start(client, &args, true, served, metrics, context.stop.clone())?;
     let check = running.readiness.clone();
-    context.readiness.add_check("certificate-trusted", move || check.is_ready());
+    context
+        .readiness
+        .add_check("certificate-trusted", move || check.is_ready());
     Ok(Some(running))
 }

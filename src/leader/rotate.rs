@@ -18,10 +18,18 @@ pub struct RotateArgs {
     #[arg(long)]
     pub ca: bool,
     /// Namespace of the webhook.
-    #[arg(long, env = "KUBE_OVERCOMMIT_NAMESPACE", default_value = "kube-overcommit")]
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_NAMESPACE",
+        default_value = "kube-overcommit"
+    )]
     pub namespace: String,
     /// The serving Secret.
-    #[arg(long, env = "KUBE_OVERCOMMIT_SERVING_SECRET", default_value = "kube-overcommit-tls")]
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_SERVING_SECRET",
+        default_value = "kube-overcommit-tls"
+    )]
     pub serving_secret: String,
     /// Wait until the leader has taken the request (cleared the annotation), at most this long.
     #[arg(long, value_parser = |s: &str| super::duration::parse_duration(s).map_err(|e| e.to_string()))]

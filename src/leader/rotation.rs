@@ -217,7 +217,9 @@ pub fn decide(o: &Observed) -> Action {
                 Some(LeafReason::WrongNames)
             } else if o.forced == Some(Forced::Leaf) {
                 Some(LeafReason::Forced)
-            } else if leaf.renew_at() <= o.now {
+            } else if leaf.renew_at() <= o.now && leaf.not_after < signing.not_after {
+                // (A leaf that already ends with its CA cannot be improved on: the CA's own
+                // rotation comes first.)
                 Some(LeafReason::Due)
             } else {
                 None

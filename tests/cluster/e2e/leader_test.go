@@ -364,29 +364,44 @@ func (rs *replicaSet) settled(ctx context.Context) error {
 	return nil
 }
 
-// failOpenCount sums apiserver_admission_webhook_fail_open_count for this configuration's
-// webhooks, from the API server's own /metrics.
-func failOpenCount(ctx context.Context) (float64, error) {
+// webhookCounts is what the API server's own /metrics say about this project's webhooks.
+type webhookCounts struct {
+	// FailOpen: apiserver_admission_webhook_fail_open_count (calls that failed and were ignored).
+	FailOpen float64
+	// Answered: apiserver_admission_webhook_request_total with code 200.
+	Answered float64
+	// Other: apiserver_admission_webhook_request_total with any other code.
+	Other float64
+}
+
+func apiserverWebhookCounts(ctx context.Context) (webhookCounts, error) {
+	var c webhookCounts
 	raw, err := shared.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
-		return 0, err
+		return c, err
 	}
-	var sum float64
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "apiserver_admission_webhook_fail_open_count{") || !strings.Contains(line, "overcommit.dev") {
+		if !strings.Contains(line, `overcommit.dev"`) {
 			continue
 		}
 		f := strings.Fields(line)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
 		if err != nil {
-			return 0, fmt.Errorf("metric line %q: %v", line, err)
+			return c, fmt.Errorf("metric line %q: %v", line, err)
 		}
-		sum += v
+		switch {
+		case strings.HasPrefix(line, "apiserver_admission_webhook_fail_open_count{"):
+			c.FailOpen += v
+		case strings.HasPrefix(line, "apiserver_admission_webhook_request_total{") && strings.Contains(line, `code="200"`):
+			c.Answered += v
+		case strings.HasPrefix(line, "apiserver_admission_webhook_request_total{"):
+			c.Other += v
+		}
 	}
-	return sum, sc.Err()
+	return c, sc.Err()
 }
 
 // mutationWatch records every stored version of the test's nodes: once a node is inflated,
@@ -456,7 +471,9 @@ func envInt(name string, def int) int {
 func startLeaderNodes(t *testing.T, ns string) *harness.FakeNodes {
 	t.Helper()
 	nodes, err := shared.StartFakeNodes(harness.FakeNodesOptions{Prefix: ns, Count: 2, Args: []string{
-		"--labels=" + koNodeLabelKey + "=" + ns, "--cpu=8", "--allocatable-cpu=4", "--status-update-frequency=1s", "--images=50",
+		"--labels=" + koNodeLabelKey + "=" + ns, "--cpu=8", "--allocatable-cpu=4", "--images=50",
+		// A status write every second from each node, changed or not: steady review traffic.
+		"--status-update-frequency=1s", "--status-report-frequency=1s",
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -507,11 +524,16 @@ func TestLeaderBootstrapAndRotations(t *testing.T) {
 	if err := harness.Eventually(60*time.Second, 250*time.Millisecond, func() error { return m.check(len(nodes.Names)) }); err != nil {
 		t.Fatalf("nodes not inflated: %v", err)
 	}
-	failOpenBefore, err := failOpenCount(ctx)
+	before, err := apiserverWebhookCounts(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	statsBefore, err := nodes.Stats()
+	var statsBefore harness.FakeNodeStats
+	err = harness.Eventually(30*time.Second, 200*time.Millisecond, func() error {
+		var err error
+		statsBefore, err = nodes.Stats()
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,12 +574,12 @@ func TestLeaderBootstrapAndRotations(t *testing.T) {
 	if err := m.check(len(nodes.Names)); err != nil {
 		t.Fatal(err)
 	}
-	failOpenAfter, err := failOpenCount(ctx)
+	after, err := apiserverWebhookCounts(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if failOpenAfter != failOpenBefore {
-		t.Fatalf("apiserver_admission_webhook_fail_open_count went from %v to %v during rotations", failOpenBefore, failOpenAfter)
+	if after.FailOpen != before.FailOpen || after.Other != before.Other {
+		t.Fatalf("reviews failed during rotations: API server webhook counts went from %+v to %+v", before, after)
 	}
 	st, err := nodes.Stats()
 	if err != nil {
@@ -569,8 +591,13 @@ func TestLeaderBootstrapAndRotations(t *testing.T) {
 	m.mu.Lock()
 	versions := m.versions
 	m.mu.Unlock()
-	t.Logf("%d leaf rotations, %d CA rotations, %d status writes (%d stored node versions), fail-open count flat at %v",
-		len(leaves)-1, len(cas)-1, st.StatusWrites.Attempts-statsBefore.StatusWrites.Attempts, versions, failOpenAfter)
+	// The flat counts mean something only if the API server called the webhook throughout.
+	writes := st.StatusWrites.Attempts - statsBefore.StatusWrites.Attempts
+	if answered := after.Answered - before.Answered; answered < float64(writes) || writes == 0 {
+		t.Fatalf("%v reviews answered for %d status writes", answered, writes)
+	}
+	t.Logf("%d leaf rotations, %d CA rotations, %d status writes (%d stored node versions), %v reviews answered, fail-open count flat at %v",
+		len(leaves)-1, len(cas)-1, writes, versions, after.Answered-before.Answered, after.FailOpen)
 }
 
 // waitPhase waits for the CA rotation phase (and a next CA) to be what is asked.
