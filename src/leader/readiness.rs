@@ -135,6 +135,12 @@ pub async fn watch_ca_bundle(
     }
 }
 
+impl ServedCertificate for crate::server::certs::CertResolver {
+    fn leaf_der(&self) -> Option<Vec<u8>> {
+        crate::server::certs::CertResolver::leaf_der(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,13 +169,14 @@ mod tests {
             .remove(0);
         let name = "s.n.svc";
         let later = now + jiff::SignedDuration::from_secs(61);
-        let cases: Vec<(
-            &str,
-            Option<&CertInfo>,
+        type Case<'a> = (
+            &'a str,
+            Option<&'a CertInfo>,
             Option<Vec<CertInfo>>,
             Timestamp,
             bool,
-        )> = vec![
+        );
+        let cases: Vec<Case<'_>> = vec![
             (
                 "chains to the bundle",
                 Some(&leaf),
@@ -212,11 +219,5 @@ mod tests {
             assert_eq!(r.ready, ready, "{what}");
             assert_eq!(r.issuer.is_some(), ready, "{what}");
         }
-    }
-}
-
-impl ServedCertificate for crate::server::certs::CertResolver {
-    fn leaf_der(&self) -> Option<Vec<u8>> {
-        crate::server::certs::CertResolver::leaf_der(self)
     }
 }

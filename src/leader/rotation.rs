@@ -38,6 +38,7 @@ pub enum Forced {
 
 /// The CA Secret as read.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // one per decision, never stored in bulk
 pub enum CaState {
     /// No CA Secret.
     Missing,
@@ -403,6 +404,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::vec_init_then_push)] // cases read best one by one, with their comments
     fn decision_table() {
         let f = fixture();
         let both = [&f.old_ca, &f.new_ca];

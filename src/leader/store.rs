@@ -214,11 +214,9 @@ pub fn serving_secret(
     clear_request: bool,
 ) -> Secret {
     let mut meta = managed_meta(name, namespace, base);
-    if clear_request {
-        if let Some(a) = meta.annotations.as_mut() {
-            a.remove(ROTATE_ANNOTATION);
-            a.remove(ROTATE_AT_ANNOTATION);
-        }
+    if clear_request && let Some(a) = meta.annotations.as_mut() {
+        a.remove(ROTATE_ANNOTATION);
+        a.remove(ROTATE_AT_ANNOTATION);
     }
     let data = BTreeMap::from([
         (TLS_CRT.to_string(), ByteString(tls_crt.as_bytes().to_vec())),
