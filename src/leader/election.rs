@@ -158,3 +158,30 @@ pub fn spawn(
     });
     (claim, task)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim_until(valid_until: Option<Instant>) -> Claim {
+        let (_tx, rx) = watch::channel(valid_until.is_some());
+        Claim {
+            state: Arc::new(Mutex::new(ClaimState { valid_until })),
+            leading: rx,
+        }
+    }
+
+    #[tokio::test]
+    async fn claim_table() {
+        let now = Instant::now();
+        let cases = [
+            ("held, deadline ahead", Some(now + Duration::from_secs(10)), true),
+            ("deadline passed", Some(now - Duration::from_millis(1)), false),
+            ("not held", None, false),
+        ];
+        for (what, until, ok) in cases {
+            assert_eq!(claim_until(until).check().is_ok(), ok, "{what}");
+        }
+        assert!(Claim::never().check().is_err());
+    }
+}

@@ -323,12 +323,17 @@ async fn supervise(
             metrics.clone(),
         );
         let mut task = tokio::spawn(controller.run());
+        let mut ended_by_itself = false;
         tokio::select! {
             _ = leading.wait_for(|l| !*l) => {}
             _ = shutdown.wait_for(|s| *s) => { task.abort(); return }
-            _ = &mut task => {}
+            _ = &mut task => ended_by_itself = true,
         }
         task.abort();
+        if ended_by_itself {
+            // The loop saw its claim expire before the election task did: let that catch up.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         tracing::info!("not leading: leader tasks stopped");
     }
 }
