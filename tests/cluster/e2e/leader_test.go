@@ -785,7 +785,21 @@ func TestLeaderRepairsHandEdits(t *testing.T) {
 	})
 
 	// CA Secret deleted: a new CA, with the orphaned one kept trusted until every replica
-	// serves a leaf from the new one.
+	// serves a leaf from the new one. Nodes write status meanwhile: no review may fail.
+	nodes := startLeaderNodes(t, ns)
+	if err := harness.Eventually(30*time.Second, 200*time.Millisecond, func() error {
+		st, err := nodes.Stats()
+		if err == nil && st.StatusWrites.Attempts == 0 {
+			return fmt.Errorf("no status write yet")
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	countsBefore, err := apiserverWebhookCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	before, err := readPKI(ctx, ns)
 	if err != nil {
 		t.Fatal(err)
@@ -833,6 +847,14 @@ func TestLeaderRepairsHandEdits(t *testing.T) {
 	if err := shared.WaitBackendsReady(ns, koService, 3, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	countsAfter, err := apiserverWebhookCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if countsAfter.FailOpen != countsBefore.FailOpen || countsAfter.Other != countsBefore.Other || countsAfter.Answered <= countsBefore.Answered {
+		t.Fatalf("CA Secret recovery: API server webhook counts went from %+v to %+v", countsBefore, countsAfter)
+	}
+	t.Logf("CA Secret deleted and broken: recovered with %v reviews answered and none failed", countsAfter.Answered-countsBefore.Answered)
 }
 
 // uniqueName: namespaces of earlier runs may still be terminating.
