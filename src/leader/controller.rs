@@ -154,7 +154,6 @@ impl Controller {
             let at = now();
             let reports =
                 replicas::fresh_reports(&self.leases, &self.s.lease_name, at, true).await?;
-            self.export_expiry(&ca, &leaf, at);
             let observed = Observed {
                 now: at,
                 ca: ca.state.clone(),
@@ -180,16 +179,6 @@ impl Controller {
             .await?;
         }
         Ok(now())
-    }
-
-    fn export_expiry(&self, ca: &CaMaterial, leaf: &LeafState, at: Timestamp) {
-        let secs = |c: &CertInfo| (c.not_after.as_second() - at.as_second()) as f64;
-        if let CaState::Present { current, .. } = &ca.state {
-            self.metrics.ca_expiry_seconds.set(secs(current));
-        }
-        if let LeafState::Present { leaf, .. } = leaf {
-            self.metrics.leaf_expiry_seconds.set(secs(leaf));
-        }
     }
 
     /// Create or repair the webhook configuration from the trusted CAs; returns the fingerprints

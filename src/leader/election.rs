@@ -175,8 +175,16 @@ mod tests {
     async fn claim_table() {
         let now = Instant::now();
         let cases = [
-            ("held, deadline ahead", Some(now + Duration::from_secs(10)), true),
-            ("deadline passed", Some(now - Duration::from_millis(1)), false),
+            (
+                "held, deadline ahead",
+                Some(now + Duration::from_secs(10)),
+                true,
+            ),
+            (
+                "deadline passed",
+                Some(now - Duration::from_millis(1)),
+                false,
+            ),
             ("not held", None, false),
         ];
         for (what, until, ok) in cases {

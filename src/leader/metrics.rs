@@ -50,12 +50,12 @@ impl LeaderMetrics {
         );
         registry.register(
             "leaf_expiry_seconds",
-            "Seconds until the serving leaf in the serving Secret expires (leader only)",
+            "Seconds until the leaf this replica serves expires (0: none)",
             m.leaf_expiry_seconds.clone(),
         );
         registry.register(
             "ca_expiry_seconds",
-            "Seconds until the current CA expires (leader only)",
+            "Seconds until the CA that leaf chains to in the live caBundle expires (0: none)",
             m.ca_expiry_seconds.clone(),
         );
         registry.register(

@@ -237,6 +237,7 @@ pub fn start(
     let readiness = ReadinessCheck::new(bundle_rx, served, args.server_name());
 
     tasks.push(tokio::spawn(report_loop(
+        metrics.clone(),
         Api::namespaced(client.clone(), &args.namespace),
         args.lease_name.clone(),
         identity.clone(),
@@ -340,6 +341,7 @@ async fn supervise(
 
 /// Renew this replica's report Lease; delete it on shutdown.
 async fn report_loop(
+    metrics: LeaderMetrics,
     api: Api<Lease>,
     lease_name: String,
     identity: String,
@@ -352,6 +354,13 @@ async fn report_loop(
     let mut last = None;
     loop {
         let report = readiness.report();
+        let now = jiff::Timestamp::now();
+        let (leaf_end, ca_end) = readiness.expiry();
+        let secs = |t: Option<jiff::Timestamp>| {
+            t.map_or(0.0, |t| (t.as_second() - now.as_second()) as f64)
+        };
+        metrics.leaf_expiry_seconds.set(secs(leaf_end));
+        metrics.ca_expiry_seconds.set(secs(ca_end));
         if last.as_ref() != Some(&report) {
             tracing::info!(ready = report.ready, leaf = ?report.leaf, issuer = ?report.issuer, "replica report");
         }

@@ -89,6 +89,27 @@ impl ReadinessCheck {
         )
     }
 
+    /// When the served leaf and the CA it chains to (in the live bundle) expire.
+    pub fn expiry(&self) -> (Option<Timestamp>, Option<Timestamp>) {
+        let leaf = self
+            .served
+            .leaf_der()
+            .and_then(|der| CertInfo::from_der(&der).ok());
+        let bundle = self.bundle.borrow().clone();
+        let report = evaluate(
+            leaf.as_ref(),
+            bundle.as_deref().map(Vec::as_slice),
+            &self.server_name,
+            Timestamp::now(),
+        );
+        let ca = bundle.as_deref().and_then(|b| {
+            b.iter()
+                .find(|c| Some(c.fingerprint) == report.issuer)
+                .map(|c| c.not_after)
+        });
+        (leaf.map(|l| l.not_after), ca)
+    }
+
     pub fn is_ready(&self) -> bool {
         self.report().ready
     }
