@@ -655,6 +655,13 @@ func TestLeaderKilledInEachPhaseOfCARotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Nodes write meanwhile; a SIGKILLed replica costs reviews that fail open until the
+	// resolver drops it (logged, not asserted: it shows the API server's counters move).
+	nodes := startLeaderNodes(t, ns)
+	countsBefore, err := apiserverWebhookCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rotate := exec.Command(rs.bin, "rotate", "--ca", "--namespace", ns, "--wait", "60s")
 	rotate.Env = append(os.Environ(), "KUBECONFIG="+shared.Kubeconfig)
 	out, err := rotate.CombinedOutput()
@@ -689,6 +696,12 @@ func TestLeaderKilledInEachPhaseOfCARotation(t *testing.T) {
 	if !after.current.Equal(next) || after.current.Equal(before.current) {
 		t.Fatal("the rotation did not end on the CA it published")
 	}
+	countsAfter, err := apiserverWebhookCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := nodes.Stats()
+	t.Logf("API server webhook counts %+v -> %+v; fake node status writes %+v", countsBefore, countsAfter, st.StatusWrites)
 	if err := shared.WaitBackendsReady(ns, koService, 3, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
