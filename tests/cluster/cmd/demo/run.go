@@ -351,7 +351,11 @@ func (d *demo) labelNodes(ctx context.Context) error {
 		}
 		labelled = append(labelled, n)
 	}
-	d.info("labelled %s with %s=true (the policy selects them; %s stay as they are)", strings.Join(labelled, ", "), demoLabel, strings.Join(d.nodes[d.o.labelled:], ", "))
+	others := "every node is"
+	if rest := d.nodes[d.o.labelled:]; len(rest) > 0 {
+		others = "not " + strings.Join(rest, ", ")
+	}
+	d.info("labelled %s with %s=true: the policy selects them (%s)", strings.Join(labelled, ", "), demoLabel, others)
 	return nil
 }
 
@@ -627,8 +631,10 @@ func (d *demo) cleanup(ok bool) error {
 	}
 	if len(errs) == 0 {
 		d.info("control plane and replicas stopped; no process of the demo is left (pgrep -f %s finds none)", d.c.RunDir)
-		if d.removeRunDir {
+		if d.removeRunDir && ok {
 			_ = os.RemoveAll(d.c.RunDir)
+		} else {
+			d.removeRunDir = false
 		}
 	}
 	return errors.Join(errs...)
