@@ -60,8 +60,10 @@ type Options struct {
 	// ServicePort its port (443).
 	Service     string
 	ServicePort int32
-	// ServingSecret is mirrored into each replica's tls directory.
+	// ServingSecret is mirrored into each replica's tls directory; CASecret holds the CA (the
+	// leader's, never mounted: WaitBootstrapped waits for it).
 	ServingSecret string
+	CASecret      string
 	// LeaseName is the leader Lease (for Leader); WebhookConfig the configuration Uninstall deletes.
 	LeaseName     string
 	WebhookConfig string
@@ -102,6 +104,9 @@ func (o *Options) defaults(c *harness.Cluster) error {
 	}
 	if o.ServingSecret == "" {
 		o.ServingSecret = DefaultServingSecret
+	}
+	if o.CASecret == "" {
+		o.CASecret = DefaultCASecret
 	}
 	if o.LeaseName == "" {
 		o.LeaseName = DefaultLease
@@ -394,7 +399,7 @@ func (in *Installation) WaitBootstrapped(ctx context.Context, timeout time.Durat
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		for _, s := range []string{in.ServingSecret, DefaultCASecret} {
+		for _, s := range []string{in.ServingSecret, in.CASecret} {
 			if _, err := cs.CoreV1().Secrets(in.Namespace).Get(ctx, s, metav1.GetOptions{}); err != nil {
 				return fmt.Errorf("secret %s: %w", s, err)
 			}
@@ -587,7 +592,9 @@ func (r *Replica) Start() error {
 	env := append(os.Environ(), "RUST_LOG=info,kube_client=warn,kube_runtime=warn,kube_leader_election=warn")
 	env = append(env, in.Env...)
 	cmd.Env = append(env, "KUBECONFIG="+in.cluster.Kubeconfig, "POD_NAME="+r.identity, "POD_NAMESPACE="+in.Namespace)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Own process group: a Ctrl-C in the terminal reaches the Go process, which stops the
+	// replicas in order, not the replicas directly.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := startOnLockedThread(cmd); err != nil {
 		return fmt.Errorf("start %s: %w", in.Binary, err)
 	}
