@@ -37,6 +37,7 @@ cluster-up: cluster-build
 	$(KCP) up --nodes $(CLUSTER_NODES) --max-lifetime $(CLUSTER_LIFETIME)
 
 cluster-down:
+	@tests/cluster/demo.sh down
 	@if [[ -x "$$($(KCP) path)" ]]; then $(KCP) down; else echo "kcp not built: nothing can be running"; fi
 
 cluster-status:
@@ -57,8 +58,12 @@ test-e2e-leader: release cluster-build
 test-e2e-leader-long: release cluster-build
 	$(LEADER_E2E) LEADER_E2E_LEAF_ROTATIONS=20 LEADER_E2E_CA_ROTATIONS=3 go test -count=1 -v -timeout 40m -run '^TestLeaderBootstrapAndRotations$$' ./e2e/
 
+# Builds everything, shows kube-overcommit on the local control plane, cleans up (tests/cluster/demo.sh).
+# KEEP=1 (or DEMO_KEEP=1) keeps the control plane and 3 replicas running; `make cluster-down` stops them.
+KEEP ?=
+DEMO_ARGS ?=
 demo:
-	@echo "demo: wired by issue 5"
+	tests/cluster/demo.sh $(if $(filter-out 0,$(KEEP)),--keep) $(DEMO_ARGS)
 
 bench:
 	@echo "bench: wired by issue 6"
