@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs the test tools kube-overcommit needs that are not part of the machine, from the Go
+# module proxy (no other downloads), into a cache outside the clone, and prints the tool's path.
+#   tests/tools.sh helm      -> path of a helm v3 binary
+# Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-overcommit/tools/<tool>-<version>/ (kept across
+# clones; a version bump installs beside the old one).
+set -euo pipefail
+
+HELM_VERSION=v3.19.5
+# Kubernetes minor that this helm release's client-go matches: `helm template` reports it as the
+# cluster version (helm's own Makefile sets these through -ldflags; `go install` alone leaves 1.20).
+HELM_K8S_MAJOR=1
+HELM_K8S_MINOR=34
+
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/kube-overcommit/tools"
+
+install_helm() {
+  local dir="$cache/helm-$HELM_VERSION"
+  if [[ ! -x "$dir/helm" ]]; then
+    command -v go >/dev/null || { echo "tests/tools.sh: go is required to install helm" >&2; exit 1; }
+    mkdir -p "$dir"
+    echo "tests/tools.sh: installing helm $HELM_VERSION into $dir (first time, a few minutes)" >&2
+    local ld="-s -w"
+    ld+=" -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+    ld+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+    ld+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=$HELM_K8S_MAJOR"
+    ld+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$HELM_K8S_MINOR"
+    ld+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$HELM_K8S_MAJOR"
+    ld+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$HELM_K8S_MINOR"
+    # Build in a temporary GOBIN and move into place, so an interrupted build leaves no half binary.
+    local tmp
+    tmp="$(mktemp -d "$cache/.helm-build.XXXXXX")"
+    trap 'rm -rf "$tmp"' RETURN
+    GOBIN="$tmp" GOFLAGS=-mod=mod go install -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
+    mv "$tmp/helm" "$dir/helm"
+  fi
+  echo "$dir/helm"
+}
+
+case "${1:-}" in
+  helm) install_helm ;;
+  *) echo "usage: tests/tools.sh helm" >&2; exit 2 ;;
+esac
