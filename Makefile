@@ -44,3 +44,15 @@ fmt:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+# Install manifests (deploy/ kustomize, charts/kube-overcommit): rendering, kustomize/Helm parity,
+# security invariants, RBAC, PromQL of alerts and dashboard (no cluster needed; installs helm
+# through tests/tools.sh on first use).
+.PHONY: test-deploy-static chart-sync
+test-deploy-static:
+	cd tests/deploy && go test -count=1 -run Static ./...
+
+# The chart carries copies of files it cannot reference (Helm reads only inside the chart).
+chart-sync:
+	cp deploy/crd/overcommitpolicies.yaml charts/kube-overcommit/crds/overcommitpolicies.yaml
+	cp deploy/components/monitoring/dashboard.json charts/kube-overcommit/files/dashboard.json
