@@ -56,3 +56,10 @@ test-deploy-static:
 chart-sync:
 	cp deploy/crd/overcommitpolicies.yaml charts/kube-overcommit/crds/overcommitpolicies.yaml
 	cp deploy/components/monitoring/dashboard.json charts/kube-overcommit/files/dashboard.json
+
+# Install manifests on the local control plane (its own, started and stopped by the script):
+# server-side apply of kustomize and helm output, scheduling onto fake nodes, the PDB under node
+# drains, RBAC on the real authorizer, the webhook-guard admission policy.
+.PHONY: test-deploy
+test-deploy: test-deploy-static cluster-build
+	tests/deploy/cluster.sh

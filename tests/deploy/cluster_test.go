@@ -109,22 +109,13 @@ func checkInstall(t *testing.T, objs []*unstructured.Unstructured, ns string, he
 		t.Fatal(err)
 	}
 
-	// The kubelet side of pods on the fake nodes; readiness 2 s after binding.
-	loopCtx, stopLoop := context.WithCancel(context.Background())
-	loop := NewPodStatusLoop(client, ns, 2*time.Second)
-	loopDone := make(chan struct{})
-	go func() { loop.Run(loopCtx); close(loopDone) }()
+	// Pods are marked Running/Ready by the fake nodes of tests/cluster (kcp fake-nodes
+	// --run-pods, on by default), which also finish deletions, as a kubelet does.
 	t.Cleanup(func() {
-		// Remove everything, with the loop still finalizing deleted pods, then stop it.
 		dctx, dcancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer dcancel()
 		if err := ap.Delete(dctx, objs); err != nil {
 			t.Errorf("cleanup: %v", err)
-		}
-		stopLoop()
-		<-loopDone
-		for _, err := range loop.Errors() {
-			t.Errorf("pod status loop: %v", err)
 		}
 	})
 
@@ -548,3 +539,12 @@ func checkWebhookGuard(t *testing.T, ctx context.Context, cfg *rest.Config, ns s
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func isReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
