@@ -303,11 +303,24 @@ func cordon(t *testing.T, ctx context.Context, c kubernetes.Interface, node stri
 }
 
 // checkDrain drains two replica nodes at once, the way `kubectl drain` does (cordon, then the
-// eviction API, retrying on 429): the PDB must let exactly one replica go at a time.
+// eviction API, retrying on 429), while the spare nodes are held back (cordoned) so that the
+// first replacement stays Pending for as long as the test looks: the PDB must refuse the second
+// eviction the whole time, and allow it once the replacement is Ready.
 func checkDrain(t *testing.T, ctx context.Context, c kubernetes.Interface, ns string, pods []corev1.Pod, w *replicaWatcher) {
+	pods = slices.Clone(pods)
 	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
 	a, b := pods[0], pods[1]
-	for _, n := range []string{a.Spec.NodeName, b.Spec.NodeName} {
+	replicaNodes := map[string]bool{}
+	for _, p := range pods {
+		replicaNodes[p.Spec.NodeName] = true
+	}
+	var spares []string
+	for _, n := range schedulableNodes(t, ctx, c) {
+		if !replicaNodes[n] {
+			spares = append(spares, n)
+		}
+	}
+	for _, n := range append([]string{a.Spec.NodeName, b.Spec.NodeName}, spares...) {
 		cordon(t, ctx, c, n, true)
 		defer cordon(t, context.Background(), c, n, false)
 	}
@@ -315,19 +328,52 @@ func checkDrain(t *testing.T, ctx context.Context, c kubernetes.Interface, ns st
 	if err := evict(ctx, c, a); err != nil {
 		t.Fatalf("first eviction (%s on %s): %v", a.Name, a.Spec.NodeName, err)
 	}
-	evictedAt := time.Now()
-	// The second replica's eviction must be refused with 429 until a replacement is Ready.
-	err := evict(ctx, c, b)
-	if !apierrors.IsTooManyRequests(err) {
+	// Refused at once: the eviction API counts the first disruption before any controller runs.
+	if err := evict(ctx, c, b); !apierrors.IsTooManyRequests(err) {
 		t.Fatalf("second eviction right after the first: got %v, want 429 TooManyRequests (PDB maxUnavailable 1)", err)
 	}
-	t.Logf("second eviction refused: %v", err)
-	refused := 1
-	var replacementReadyAt time.Time
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, false, func(ctx context.Context) (bool, error) {
+	// Refused still once the disruption controller has seen the Pending replacement.
+	var last policyv1.PodDisruptionBudgetStatus
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		pdb, err := c.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, "kube-overcommit", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = pdb.Status
+		return pdb.Status.ObservedGeneration == pdb.Generation && len(pdb.Status.DisruptedPods) == 0 &&
+			pdb.Status.CurrentHealthy == 2 && pdb.Status.DisruptionsAllowed == 0 &&
+			len(replacementPods(t, ctx, c, ns, pods)) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("PDB status never settled at 2 healthy, 0 allowed, with a replacement created: %+v", last)
+	}
+	pending := replacementPods(t, ctx, c, ns, pods)
+	if len(pending) != 1 || pending[0].Spec.NodeName != "" {
+		t.Fatalf("want one unscheduled replacement while the spares are cordoned, got %v", podNodes(pending))
+	}
+	if err := evict(ctx, c, b); !apierrors.IsTooManyRequests(err) {
+		t.Fatalf("second eviction while the replacement is Pending: got %v, want 429", err)
+	}
+	refused := 2
+
+	// Capacity comes back: the replacement is scheduled onto a spare, becomes Ready, and only
+	// then does the eviction go through.
+	for _, n := range spares {
+		cordon(t, ctx, c, n, false)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		err := evict(ctx, c, b)
 		switch {
 		case err == nil:
+			// Whether it was Ready before the eviction is the watcher's check below (in
+			// resourceVersion order, a replica count of 1 would have been seen).
+			ready := false
+			for _, p := range replacementPods(t, ctx, c, ns, pods) {
+				ready = ready || isReady(&p)
+			}
+			if !ready {
+				return false, fmt.Errorf("second eviction allowed with no Ready replacement")
+			}
 			return true, nil
 		case apierrors.IsTooManyRequests(err):
 			refused++
@@ -337,45 +383,40 @@ func checkDrain(t *testing.T, ctx context.Context, c kubernetes.Interface, ns st
 		}
 	})
 	if err != nil {
-		t.Fatalf("second eviction never succeeded: %v", err)
+		t.Fatalf("second eviction: %v", err)
 	}
-	// When it succeeded, a replacement of the first replica was Ready on a node other than the
-	// two drained ones.
-	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: replicaSelector()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range list.Items {
-		if p.Name == a.Name || p.Name == b.Name || p.DeletionTimestamp != nil || !isReady(&p) {
-			continue
-		}
-		if p.CreationTimestamp.After(evictedAt.Add(-time.Second)) {
-			for _, cond := range p.Status.Conditions {
-				if cond.Type == corev1.PodReady {
-					replacementReadyAt = cond.LastTransitionTime.Time
-				}
-			}
-			if p.Spec.NodeName == a.Spec.NodeName || p.Spec.NodeName == b.Spec.NodeName {
-				t.Errorf("replacement %s scheduled on drained node %s", p.Name, p.Spec.NodeName)
-			}
+	for _, p := range replacementPods(t, ctx, c, ns, pods) {
+		if replicaNodes[p.Spec.NodeName] && (p.Spec.NodeName == a.Spec.NodeName || p.Spec.NodeName == b.Spec.NodeName) {
+			t.Errorf("replacement %s scheduled on drained node %s", p.Name, p.Spec.NodeName)
 		}
 	}
-	if replacementReadyAt.IsZero() {
-		t.Errorf("second eviction succeeded without a Ready replacement of %s", a.Name)
-	}
-	t.Logf("second eviction refused %d times, allowed after the replacement became Ready (%v after the first eviction)",
-		refused, replacementReadyAt.Sub(evictedAt).Round(time.Millisecond))
+	t.Logf("second eviction refused %d times (twice while the replacement was Pending), allowed once it was Ready", refused)
 
-	// With every node but the drained ones schedulable, the third replica comes back (or stays
-	// Pending when the cluster has no free node left: one per node).
-	nodes := schedulableNodes(t, ctx, c)
-	want := min(3, len(nodes))
-	waitReplicasAtLeast(t, ctx, c, ns, want)
+	// Both drained replicas come back on the spares (one per node).
+	waitReplicasAtLeast(t, ctx, c, ns, min(3, len(spares)+1))
 	minReady, history := w.min()
 	if minReady < 2 {
 		t.Errorf("at some moment only %d replicas were Ready (want >= 2); history: %v", minReady, history)
 	}
-	t.Logf("fewest Ready replicas at any moment during the drain: %d", minReady)
+	t.Logf("fewest Ready replicas at any moment during the drain: %d (%d observations)", minReady, len(history))
+}
+
+// replacementPods are the replica pods created after the drain began (not among the original
+// ones) and not terminating.
+func replacementPods(t *testing.T, ctx context.Context, c kubernetes.Interface, ns string, originals []corev1.Pod) []corev1.Pod {
+	t.Helper()
+	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: replicaSelector()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []corev1.Pod
+	for _, p := range list.Items {
+		original := slices.ContainsFunc(originals, func(o corev1.Pod) bool { return o.UID == p.UID })
+		if !original && p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func waitReplicasAtLeast(t *testing.T, ctx context.Context, c kubernetes.Interface, ns string, want int) {
