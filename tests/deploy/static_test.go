@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/prometheus/promql/parser"
@@ -300,6 +301,21 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment) {
 	sleep := c.Lifecycle.PreStop.Sleep.Seconds
 	if p.TerminationGracePeriodSeconds == nil || *p.TerminationGracePeriodSeconds < sleep+10 {
 		t.Errorf("terminationGracePeriodSeconds %v must exceed preStop sleep %d by the drain time (>= 10 s)", p.TerminationGracePeriodSeconds, sleep)
+	}
+	// The server's own shutdown grace must end before the kubelet's SIGKILL.
+	var shutdownGrace time.Duration
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--shutdown-grace="); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				t.Errorf("%s: %v", a, err)
+			}
+			shutdownGrace = d
+		}
+	}
+	if shutdownGrace == 0 || p.TerminationGracePeriodSeconds == nil ||
+		time.Duration(sleep)*time.Second+shutdownGrace >= time.Duration(*p.TerminationGracePeriodSeconds)*time.Second {
+		t.Errorf("preStop sleep %d s + --shutdown-grace %v must stay below terminationGracePeriodSeconds %v", sleep, shutdownGrace, p.TerminationGracePeriodSeconds)
 	}
 	if sleep < 5 {
 		t.Errorf("preStop sleep %d s is too short for endpoint removal to reach the API servers", sleep)
