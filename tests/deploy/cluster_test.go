@@ -452,6 +452,8 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{true, "update", "", "secrets", "kube-overcommit-tls", ns},
 		{true, "watch", "", "secrets", "kube-overcommit-tls", ns},
 		{true, "create", "", "secrets", "", ns},
+		{true, "patch", "", "secrets", "kube-overcommit-tls", ns},
+		{false, "patch", "", "secrets", "some-other-secret", ns},
 		{false, "get", "", "secrets", "some-other-secret", ns},
 		{false, "list", "", "secrets", "", ns},
 		{false, "delete", "", "secrets", "kube-overcommit-ca", ns},

@@ -380,7 +380,7 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 			type grant struct{ group, resource, name, verb string }
 			allowed := map[grant]bool{}
 			for _, n := range []string{"kube-overcommit-tls", "kube-overcommit-ca"} {
-				for _, v := range []string{"get", "list", "watch", "update"} {
+				for _, v := range []string{"get", "list", "watch", "update", "patch"} {
 					allowed[grant{"", "secrets", n, v}] = true
 				}
 			}
@@ -611,7 +611,7 @@ func TestStaticHelmLintAndValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, flag := range []string{"--webhook-timeout", "--ca-validity", "--leaf-validity", "--lease-duration"} {
+	for _, flag := range []string{"--webhook-timeout-seconds", "--ca-validity", "--leaf-validity", "--check-interval", "--propagation-delay", "--lease-ttl", "--lease-renew"} {
 		if bytes.Contains(b, []byte(flag)) {
 			t.Errorf("default render passes %s", flag)
 		}
