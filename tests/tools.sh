@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the test tools kube-overcommit needs that are not part of the machine, from the Go
 # module proxy (no other downloads), into a cache outside the clone, and prints the tool's path.
-#   tests/tools.sh helm      -> path of a helm v3 binary
+#   tests/tools.sh helm            -> path of a helm v3 binary
+#   tests/tools.sh controller-gen  -> path of controller-gen (CRDs of the Prometheus Operator's
+#                                     Go types, for the deploy tests' ServiceMonitor/PrometheusRule)
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-overcommit/tools/<tool>-<version>/ (kept across
 # clones; a version bump installs beside the old one).
 set -euo pipefail
@@ -37,7 +39,25 @@ install_helm() {
   echo "$dir/helm"
 }
 
+CONTROLLER_GEN_VERSION=v0.19.0
+
+install_controller_gen() {
+  local dir="$cache/controller-gen-$CONTROLLER_GEN_VERSION"
+  if [[ ! -x "$dir/controller-gen" ]]; then
+    command -v go >/dev/null || { echo "tests/tools.sh: go is required to install controller-gen" >&2; exit 1; }
+    mkdir -p "$dir"
+    echo "tests/tools.sh: installing controller-gen $CONTROLLER_GEN_VERSION into $dir (first time, about a minute)" >&2
+    local tmp
+    tmp="$(mktemp -d "$cache/.controller-gen-build.XXXXXX")"
+    trap 'rm -rf "$tmp"' RETURN
+    GOBIN="$tmp" GOFLAGS=-mod=mod go install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_GEN_VERSION" >&2
+    mv "$tmp/controller-gen" "$dir/controller-gen"
+  fi
+  echo "$dir/controller-gen"
+}
+
 case "${1:-}" in
   helm) install_helm ;;
-  *) echo "usage: tests/tools.sh helm" >&2; exit 2 ;;
+  controller-gen) install_controller_gen ;;
+  *) echo "usage: tests/tools.sh helm|controller-gen" >&2; exit 2 ;;
 esac

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -48,14 +50,20 @@ func clusterConfig(t *testing.T) *rest.Config {
 	return cfg
 }
 
-// TestClusterKustomize: deploy/ and deploy/examples applied server-side, then the install checks.
+// TestClusterKustomize: deploy/overlays/production (deploy/ plus the monitoring and
+// network-policy components) and deploy/examples applied server-side, with the Prometheus
+// Operator's CRDs for the monitoring objects, then the install checks. (deploy/ alone is the
+// same minus those components; TestStaticInstallContainsEverything checks its contents.)
 func TestClusterKustomize(t *testing.T) {
 	root, err := RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var objs []*unstructured.Unstructured
-	for _, dir := range []string{"deploy", "deploy/examples"} {
+	objs, err := MonitoringCRDs(root, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{"deploy/overlays/production", "deploy/examples"} {
 		b, err := Kustomize(root, dir)
 		if err != nil {
 			t.Fatal(err)
@@ -69,7 +77,8 @@ func TestClusterKustomize(t *testing.T) {
 	checkInstall(t, objs, "kube-overcommit", false)
 }
 
-// TestClusterHelm: `helm template --include-crds` with a default policy, applied server-side into
+// TestClusterHelm: `helm template --include-crds` with every optional object (default policy,
+// monitoring, NetworkPolicy), applied server-side into
 // a namespace created first (as `helm install --create-namespace` does), then the install checks.
 func TestClusterHelm(t *testing.T) {
 	root, err := RepoRoot()
@@ -80,14 +89,19 @@ func TestClusterHelm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := HelmTemplate(root, helm, "kube-overcommit", "--include-crds", "--set", "policy.create=true")
+	b, err := HelmTemplate(root, helm, "kube-overcommit", append([]string{"--include-crds"}, helmAllArgs...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := Parse(b)
+	objs, err := MonitoringCRDs(root, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	chart, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs = append(objs, chart...)
 	nsObj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "v1", "kind": "Namespace",
 		"metadata": map[string]any{"name": "kube-overcommit", "labels": map[string]any{
@@ -590,4 +604,36 @@ func isReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// TestClusterKubectlApply: the documented install commands, with the kubectl of tests/cluster
+// (kustomize built in): `kubectl apply --server-side -k deploy/` and `-k deploy/examples`, then
+// `kubectl delete -k` of both.
+func TestClusterKubectlApply(t *testing.T) {
+	clusterConfig(t)
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubectl := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(root, "tests", "cluster", "kcp.sh"), append([]string{"kubectl"}, args...)...)
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	out := kubectl("apply", "--server-side", "-k", "deploy/")
+	out += kubectl("apply", "--server-side", "-k", "deploy/examples")
+	t.Logf("%s", out)
+	for _, want := range []string{"deployment.apps/kube-overcommit serverside-applied", "overcommitpolicy.overcommit.dev/", "validatingadmissionpolicy.admissionregistration.k8s.io/kube-overcommit-webhook-guard serverside-applied"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("kubectl apply output lacks %q", want)
+		}
+	}
+	kubectl("-n", "kube-overcommit", "rollout", "status", "deployment/kube-overcommit", "--timeout=2m")
+	kubectl("delete", "-k", "deploy/examples", "--wait")
+	kubectl("delete", "-k", "deploy/", "--wait", "--timeout=2m")
 }

@@ -117,3 +117,35 @@ func Find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Un
 func Key(o *unstructured.Unstructured) string {
 	return o.GetKind() + "/" + o.GetNamespace() + "/" + o.GetName()
 }
+
+// MonitoringCRDs generates the ServiceMonitor and PrometheusRule CRDs from the Prometheus
+// Operator's Go types (the module this test already depends on), with controller-gen as the
+// operator's own build does, so that the monitoring objects can be applied to the local control
+// plane and validated by its API server against the real schema.
+func MonitoringCRDs(root, outDir string) ([]*unstructured.Unstructured, error) {
+	out, err := exec.Command(filepath.Join(root, "tests", "tools.sh"), "controller-gen").Output()
+	if err != nil {
+		return nil, fmt.Errorf("tests/tools.sh controller-gen: %w", err)
+	}
+	cg := strings.TrimSpace(string(out))
+	cmd := exec.Command(cg, "crd:crdVersions=v1,allowDangerousTypes=true,maxDescLen=0",
+		"paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1",
+		"output:crd:dir="+outDir)
+	cmd.Dir = filepath.Join(root, "tests", "deploy")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("controller-gen: %w: %s", err, b)
+	}
+	var objs []*unstructured.Unstructured
+	for _, f := range []string{"monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml"} {
+		b, err := os.ReadFile(filepath.Join(outDir, f))
+		if err != nil {
+			return nil, err
+		}
+		o, err := Parse(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		objs = append(objs, o...)
+	}
+	return objs, nil
+}
