@@ -24,6 +24,7 @@ cleanup() {
 }
 trap cleanup EXIT
 echo "deploy tests: starting a control plane with $nodes fake nodes in $run_dir" >&2
-"$kcp" up --nodes "$nodes"
+# Stops by itself if this script dies (killed by a CI timeout) or after 30 minutes.
+"$kcp" up --nodes "$nodes" --exit-with-pid $$ --max-lifetime 30m
 cd "$root/tests/deploy"
 KUBECONFIG="$run_dir/kubeconfig" go test -count=1 -timeout 15m -run Cluster -v "$@" ./...
