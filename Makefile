@@ -72,6 +72,7 @@ test-deploy-static:
 
 # The chart carries copies of files it cannot reference (Helm reads only inside the chart).
 chart-sync:
+	mkdir -p charts/kube-overcommit/crds charts/kube-overcommit/files
 	cp deploy/crd/overcommitpolicies.yaml charts/kube-overcommit/crds/overcommitpolicies.yaml
 	cp deploy/components/monitoring/dashboard.json charts/kube-overcommit/files/dashboard.json
 

@@ -89,7 +89,10 @@ func TestClusterHelm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := HelmTemplate(root, helm, "kube-overcommit", append([]string{"--include-crds"}, helmAllArgs...)...)
+	args := append([]string{"--include-crds",
+		"--set", "policy.podDefaults.requests.cpu=50m", "--set", "policy.podDefaults.requestToLimitPercent.cpu=25",
+		"--set", "policy.nodeSelector.matchLabels.pool=batch"}, helmAllArgs...)
+	b, err := HelmTemplate(root, helm, "kube-overcommit", args...)
 	if err != nil {
 		t.Fatal(err)
 	}
