@@ -78,7 +78,8 @@ chart-sync:
 
 # Install manifests on the local control plane (its own, started and stopped by the script):
 # server-side apply of kustomize and helm output, scheduling onto fake nodes, the PDB under node
-# drains, RBAC on the real authorizer, the webhook-guard admission policy.
+# drains, RBAC on the real authorizer, the webhook-guard admission policy, and the release binary
+# running as two replicas with the ServiceAccount's identity (bootstrap and inflation under RBAC).
 .PHONY: test-deploy
-test-deploy: test-deploy-static cluster-build
+test-deploy: test-deploy-static cluster-build release
 	tests/deploy/cluster.sh
