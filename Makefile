@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 CARGO ?= cargo
 
-.PHONY: build release test test-unit test-e2e demo bench cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint
+.PHONY: build release test test-unit test-e2e test-e2e-leader test-e2e-leader-long demo bench cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint
 
 build:
 	$(CARGO) build --locked
@@ -45,6 +45,17 @@ cluster-status:
 # Tests of the control plane itself (each starts its own control plane in a temp dir).
 cluster-test: cluster-build
 	cd tests/cluster && GOFLAGS=-p=2 go test -count=1 -timeout $(CLUSTER_TEST_TIMEOUT) ./...
+
+# Issue 4: leader election, certificate authority, rotation, webhook-configuration upkeep, on the
+# local control plane with 3 replicas as processes. Short run (5 leaf + 1 CA rotations, failover
+# in each CA rotation phase, repair of hand edits) and the long one (20 leaf + 3 CA rotations).
+LEADER_E2E = cd tests/cluster && KUBE_OVERCOMMIT_BIN=$(CURDIR)/target/release/kube-overcommit GOFLAGS=-p=2
+
+test-e2e-leader: release cluster-build
+	$(LEADER_E2E) go test -count=1 -v -timeout 20m -run '^TestLeader' ./e2e/
+
+test-e2e-leader-long: release cluster-build
+	$(LEADER_E2E) LEADER_E2E_LEAF_ROTATIONS=20 LEADER_E2E_CA_ROTATIONS=3 go test -count=1 -v -timeout 40m -run '^TestLeaderBootstrapAndRotations$$' ./e2e/
 
 demo:
 	@echo "demo: wired by issue 5"

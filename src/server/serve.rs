@@ -34,6 +34,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub source: SourceArgs,
 
+    #[command(flatten)]
+    pub leader: crate::leader::LeaderArgs,
+
     /// The webhook's own namespace (its pods are never mutated). Falls back to POD_NAMESPACE,
     /// then the service account's namespace file.
     #[arg(long, env = "KUBE_OVERCOMMIT_NAMESPACE")]
@@ -174,12 +177,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut server_task = tokio::spawn(server.run(drain_rx));
 
     // Other parts (the leader, issue 4) start here with a `Context`.
-    let _context = Context {
+    let context = Context {
         metrics: metrics.clone(),
         readiness: readiness.clone(),
         stop: stop_rx.clone(),
         namespace,
     };
+    let leader = crate::leader::start_in_serve(&args.leader, &context, resolver.clone()).await?;
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -220,8 +224,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = reloader_task.await;
         let _ = source_task.await;
         let _ = probe_task.await;
+        if let Some(leader) = leader {
+            leader.stopped().await;
+        }
     };
-    let _ = tokio::time::timeout(Duration::from_millis(150), rest).await;
+    // The leader steps down and the replica report is deleted here: a few API calls.
+    let _ = tokio::time::timeout(Duration::from_millis(500), rest).await;
     tracing::info!(elapsed = ?started.elapsed(), "stopped");
     Ok(())
 }
