@@ -323,3 +323,51 @@ func grepLines(s, substr string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// The flags the manifests pass to `serve` (kustomize, and the chart with every optional value
+// set) are all accepted by the release binary: parsed up to --help, which then exits 0.
+func TestClusterBinaryAcceptsManifestFlags(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := os.Getenv("KUBE_OVERCOMMIT_BIN")
+	if bin == "" {
+		bin = filepath.Join(root, "target", "release", "kube-overcommit")
+	}
+	helm, err := HelmBinary(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kz, err := Kustomize(root, "deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hm, err := HelmTemplate(root, helm, "kube-overcommit",
+		"--set", "webhook.timeoutSeconds=3", "--set", "certificates.caValidity=8760h", "--set", "certificates.leafValidity=72h",
+		"--set", "certificates.checkInterval=10s", "--set", "certificates.propagationDelay=3m",
+		"--set", "leaderElection.leaseDuration=20s", "--set", "leaderElection.renewPeriod=4s",
+		"--set", "extraArgs={--idle-timeout=60s}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, stream := range map[string][]byte{"kustomize": kz, "helm": hm} {
+		objs, err := Parse(stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := Find(objs, "Deployment", "kube-overcommit")
+		if d == nil {
+			t.Fatalf("%s: no Deployment", name)
+		}
+		containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+		args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+		if name == "helm" && len(args) < 12 {
+			t.Errorf("helm rendered only %v", args)
+		}
+		out, err := exec.Command(bin, append(args, "--help")...).CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: kube-overcommit %s: %v\n%s", name, strings.Join(args, " "), err, tail(string(out), 10))
+		}
+	}
+}
