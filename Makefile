@@ -53,7 +53,7 @@ chaos: release cluster-build
 	chaos/chaos.sh local $(CHAOS_ARGS)
 
 chaos-long: release cluster-build
-	chaos/chaos.sh local --duration $(CHAOS_DURATION) $(CHAOS_ARGS)
+	chaos/chaos.sh local --duration $(CHAOS_DURATION) --apiserver-signal alternate $(CHAOS_ARGS)
 
 demo:
 	@echo "demo: wired by issue 5"

@@ -60,11 +60,17 @@ func (s *scenario) waitAllReady(ctx context.Context) error {
 }
 
 // settlePhase waits until all replicas are ready again, in a phase of its own so that the
-// writes of the recovery are not counted against the next fault kind.
+// writes of the recovery are not counted against the next fault kind. After a phase that
+// requires every write mutated the recovery requires it too, and lasts long enough for the
+// metrics scrape (every 2 s) to catch up, so that nothing of it is counted in the next phase.
 func (s *scenario) settlePhase(ctx context.Context) {
-	s.t.Begin("settle", false, false)
+	strict := s.t.Current().AllMutated
+	s.t.Begin("settle", strict, false)
 	if err := s.waitAllReady(ctx); err != nil && ctx.Err() == nil {
 		s.t.Error("%v", err)
+	}
+	if strict {
+		sleepCtx(ctx, 3*time.Second)
 	}
 }
 

@@ -203,7 +203,7 @@ func clusterRun(o clusterOptions) (broken []string, err error) {
 	wg.Add(4)
 	go pollFakeNodeStats(obsCtx, &wg, t, fakeNodes.StatsFile)
 	go watchNodes(obsCtx, &wg, t, client, func(name string) bool { return strings.HasPrefix(name, prefix+"-") }, resource.MustParse("7"))
-	go scrapeAPIServerMetrics(obsCtx, &wg, t, client, n.WebhookConfig)
+	go scrapeAPIServerMetrics(obsCtx, &wg, t, client, webhookNameSuffix)
 	go createPods(obsCtx, &wg, t, client, podNS, time.Second, 20, map[string]string{"overcommit.dev/chaos": suffix},
 		[]corev1.Toleration{{Key: taint.Key, Operator: corev1.TolerationOpEqual, Value: suffix, Effect: corev1.TaintEffectNoSchedule}})
 	stopLoad := func() { stopObservers(); wg.Wait() }

@@ -135,6 +135,10 @@ func watchNodes(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubern
 	}
 }
 
+// webhookNameSuffix ends the names of the webhooks of the configuration
+// (nodes.overcommit.dev, pods.overcommit.dev): the API server labels its metrics with them.
+const webhookNameSuffix = `overcommit.dev"`
+
 // webhookMetrics are the API server's admission webhook counters for our webhooks.
 type webhookMetrics struct {
 	failOpen, rejected float64
@@ -292,6 +296,7 @@ func x509InReplicaLog(line string) bool {
 func createPods(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubernetes.Interface, ns string, interval time.Duration, keep int, selector map[string]string, tolerations []corev1.Toleration) {
 	defer wg.Done()
 	var live []string
+	failures := 0
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	zero := metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}
@@ -325,8 +330,11 @@ func createPods(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubern
 			continue
 		}
 		if err != nil {
+			failures++
 			t.Add(func(p *Phase) { p.PodsFailed++ })
-			progress("pod create failed: %v", err)
+			if failures == 1 || failures%20 == 0 {
+				progress("pod create failed (%d so far): %v", failures, err)
+			}
 			continue
 		}
 		t.Add(func(p *Phase) { p.PodsCreated++ })

@@ -59,6 +59,13 @@ func (t *Tally) Begin(name string, allMutated, apiDown bool) {
 	progress("phase %s", name)
 }
 
+// Current is a copy of the current phase.
+func (t *Tally) Current() Phase {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return *t.cur
+}
+
 // Add changes the current phase.
 func (t *Tally) Add(f func(p *Phase)) {
 	t.mu.Lock()

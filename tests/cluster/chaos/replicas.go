@@ -60,7 +60,8 @@ func (rs *replicaSet) addSlot(i int) (*slot, error) {
 		return nil, err
 	}
 	dir := filepath.Join(rs.runDir, "chaos", fmt.Sprintf("replica-%d", i))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// The mount point exists before the container starts, as with a kubelet volume.
+	if err := os.MkdirAll(filepath.Join(dir, "tls"), 0o755); err != nil {
 		return nil, err
 	}
 	s := &slot{index: i, listen: fmt.Sprintf("127.0.0.1:%d", wp), probe: fmt.Sprintf("127.0.0.1:%d", pp),
@@ -137,6 +138,17 @@ func (rs *replicaSet) signal(index int, sig syscall.Signal, timeout time.Duratio
 	case <-time.After(timeout):
 		return id, fmt.Errorf("%s did not exit within %v of %v", id, timeout, sig)
 	}
+}
+
+// send sends sig to the slot's current process without waiting.
+func (rs *replicaSet) send(index int, sig syscall.Signal) error {
+	rs.mu.Lock()
+	cmd := rs.slots[index].cmd
+	rs.mu.Unlock()
+	if cmd == nil {
+		return fmt.Errorf("replica %d not running", index)
+	}
+	return cmd.Process.Signal(sig)
 }
 
 func (rs *replicaSet) ready(s *slot) bool {
