@@ -26,6 +26,12 @@ pub struct Cli {
 pub enum Command {
     /// Serve the admission webhook (HTTPS) and the probe/metrics port (HTTP).
     Serve(Box<ServeArgs>),
+    /// Print the AdmissionReview response `serve` would give for a review: try policies offline.
+    Review(crate::review::ReviewArgs),
+    /// Print the OvercommitPolicy CustomResourceDefinition (YAML).
+    Crd,
+    /// Ask the leader for a forced rotation of the serving leaf (or, with --ca, of the CA).
+    Rotate(crate::leader::rotate::RotateArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -74,6 +80,15 @@ pub fn main() -> anyhow::Result<()> {
             // Tasks still running (file watchers, aborted connections) get a moment, no more.
             rt.shutdown_timeout(Duration::from_millis(100));
             res
+        }
+        Command::Review(args) => crate::review::run(&args),
+        Command::Crd => crate::review::run_crd(),
+        Command::Rotate(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(crate::leader::rotate::run(args))
         }
     }
 }
