@@ -47,6 +47,17 @@ cluster-status:
 cluster-test: cluster-build
 	cd tests/cluster && GOFLAGS=-p=2 go test -count=1 -timeout $(CLUSTER_TEST_TIMEOUT) ./...
 
+# Fault runs with invariant checks (chaos/README.md): `make chaos` is bounded (~3-4 min with
+# start-up) and meant for `make test`; `make chaos-long` runs fault cycles for CHAOS_DURATION.
+CHAOS_DURATION ?= 20m
+CHAOS_ARGS ?=
+
+chaos: release cluster-build
+	chaos/chaos.sh local $(CHAOS_ARGS)
+
+chaos-long: release cluster-build
+	chaos/chaos.sh local --duration $(CHAOS_DURATION) --apiserver-signal alternate $(CHAOS_ARGS)
+
 # Issue 4: leader election, certificate authority, rotation, webhook-configuration upkeep, on the
 # local control plane with 3 replicas as processes. Short run (5 leaf + 1 CA rotations, failover
 # in each CA rotation phase, repair of hand edits) and the long one (20 leaf + 3 CA rotations).
