@@ -239,10 +239,12 @@ pub fn start(
     tasks.push(tokio::spawn(report_loop(
         metrics.clone(),
         Api::namespaced(client.clone(), &args.namespace),
-        args.lease_name.clone(),
-        identity.clone(),
-        args.lease_ttl,
-        args.lease_renew,
+        ReportSettings {
+            lease_name: args.lease_name.clone(),
+            identity: identity.clone(),
+            ttl: args.lease_ttl,
+            renew: args.lease_renew,
+        },
         readiness.clone(),
         shutdown.clone(),
     )));
@@ -340,16 +342,27 @@ async fn supervise(
 }
 
 /// Renew this replica's report Lease; delete it on shutdown.
-async fn report_loop(
-    metrics: LeaderMetrics,
-    api: Api<Lease>,
+/// Where and how often a replica reports.
+struct ReportSettings {
     lease_name: String,
     identity: String,
     ttl: Duration,
     renew: Duration,
+}
+
+async fn report_loop(
+    metrics: LeaderMetrics,
+    api: Api<Lease>,
+    settings: ReportSettings,
     readiness: ReadinessCheck,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let ReportSettings {
+        lease_name,
+        identity,
+        ttl,
+        renew,
+    } = settings;
     let name = replicas::replica_lease_name(&lease_name, &identity);
     let mut last = None;
     loop {
