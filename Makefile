@@ -37,6 +37,7 @@ cluster-up: cluster-build
 	$(KCP) up --nodes $(CLUSTER_NODES) --max-lifetime $(CLUSTER_LIFETIME)
 
 cluster-down:
+	@tests/cluster/demo.sh down
 	@if [[ -x "$$($(KCP) path)" ]]; then $(KCP) down; else echo "kcp not built: nothing can be running"; fi
 
 cluster-status:
@@ -45,6 +46,17 @@ cluster-status:
 # Tests of the control plane itself (each starts its own control plane in a temp dir).
 cluster-test: cluster-build
 	cd tests/cluster && GOFLAGS=-p=2 go test -count=1 -timeout $(CLUSTER_TEST_TIMEOUT) ./...
+
+# Fault runs with invariant checks (chaos/README.md): `make chaos` is bounded (~3-4 min with
+# start-up) and meant for `make test`; `make chaos-long` runs fault cycles for CHAOS_DURATION.
+CHAOS_DURATION ?= 20m
+CHAOS_ARGS ?=
+
+chaos: release cluster-build
+	chaos/chaos.sh local $(CHAOS_ARGS)
+
+chaos-long: release cluster-build
+	chaos/chaos.sh local --duration $(CHAOS_DURATION) --apiserver-signal alternate $(CHAOS_ARGS)
 
 # Issue 4: leader election, certificate authority, rotation, webhook-configuration upkeep, on the
 # local control plane with 3 replicas as processes. Short run (5 leaf + 1 CA rotations, failover
@@ -57,8 +69,12 @@ test-e2e-leader: release cluster-build
 test-e2e-leader-long: release cluster-build
 	$(LEADER_E2E) LEADER_E2E_LEAF_ROTATIONS=20 LEADER_E2E_CA_ROTATIONS=3 go test -count=1 -v -timeout 40m -run '^TestLeaderBootstrapAndRotations$$' ./e2e/
 
+# Builds everything, shows kube-overcommit on the local control plane, cleans up (tests/cluster/demo.sh).
+# KEEP=1 (or DEMO_KEEP=1) keeps the control plane and 3 replicas running; `make cluster-down` stops them.
+KEEP ?=
+DEMO_ARGS ?=
 demo:
-	@echo "demo: wired by issue 5"
+	tests/cluster/demo.sh $(if $(filter-out 0,$(KEEP)),--keep) $(DEMO_ARGS)
 
 bench:
 	@echo "bench: wired by issue 6"
