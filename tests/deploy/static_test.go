@@ -392,7 +392,7 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 				allowed[grant{"admissionregistration.k8s.io", "mutatingwebhookconfigurations", "kube-overcommit", v}] = true
 			}
 			allowed[grant{"admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "create"}] = true
-			for _, v := range []string{"get", "list", "watch"} {
+			for _, v := range []string{"list", "watch"} {
 				allowed[grant{"overcommit.dev", "overcommitpolicies", "", v}] = true
 			}
 			seen := map[grant]bool{}
