@@ -7,8 +7,9 @@ package e2e
 // phase, and repairs the webhook configuration and both Secrets.
 //
 // Scale: LEADER_E2E_LEAF_ROTATIONS / LEADER_E2E_CA_ROTATIONS (default 5 and 1; `make
-// test-e2e-leader-long` runs 20 and 3). The binary: $KUBE_OVERCOMMIT_BIN, else
-// target/release/kube-overcommit built by `cargo build --release --locked`.
+// test-e2e-leader-long` runs 20 and 3). The replicas are a local installation (package
+// install): the binary is $KUBE_OVERCOMMIT_BIN, else target/release/kube-overcommit built by
+// `cargo build --release --locked`.
 
 import (
 	"bufio"
@@ -19,15 +20,12 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -39,6 +37,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"kube-overcommit/tests/cluster/harness"
+	"kube-overcommit/tests/cluster/install"
 )
 
 const (
@@ -53,124 +52,21 @@ const (
 	koNodeLabelKey = "e2e-leader"
 )
 
-var (
-	koBinOnce sync.Once
-	koBin     string
-	koBinErr  error
-)
-
-// overcommitBinary returns the kube-overcommit binary, building the release binary if needed.
-func overcommitBinary(t *testing.T) string {
-	t.Helper()
-	koBinOnce.Do(func() {
-		if p := os.Getenv("KUBE_OVERCOMMIT_BIN"); p != "" {
-			koBin, koBinErr = filepath.Abs(p)
-			return
-		}
-		root := filepath.Dir(filepath.Dir(harness.ModuleDir()))
-		cmd := exec.Command("cargo", "build", "--release", "--locked")
-		cmd.Dir = root
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if koBinErr = cmd.Run(); koBinErr != nil {
-			koBinErr = fmt.Errorf("cargo build --release: %w", koBinErr)
-			return
-		}
-		koBin = filepath.Join(root, "target", "release", "kube-overcommit")
-	})
-	if koBinErr != nil {
-		t.Fatal(koBinErr)
-	}
-	return koBin
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// replica is one kube-overcommit process with its Secret volume.
-type replica struct {
-	id      string
-	args    []string
-	webhook int
-	probe   int
-	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	volume  *harness.SecretVolume
-}
-
+// replicaSet is the test's local installation (package install): 3 replicas of the real
+// binary with their Secret volumes, registered as backends of the Service.
 type replicaSet struct {
-	t        *testing.T
-	ns       string
-	bin      string
-	extra    []string
-	replicas []*replica
-}
-
-func (rs *replicaSet) start(r *replica) {
-	t := rs.t
-	logf, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(rs.bin, r.args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+shared.Kubeconfig, "RUST_LOG=info,kube_client=warn,kube_runtime=warn,kube_leader_election=warn")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r.cmd, r.done = cmd, make(chan struct{})
-	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(r.done)
-}
-
-func (r *replica) alive() bool {
-	select {
-	case <-r.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// kill sends SIGKILL (a crashed pod) and waits.
-func (r *replica) kill() {
-	if r.alive() {
-		_ = r.cmd.Process.Kill()
-		<-r.done
-	}
-}
-
-// stop sends SIGTERM and waits for the ordered shutdown.
-func (r *replica) stop() error {
-	if !r.alive() {
-		return nil
-	}
-	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-r.done:
-		return nil
-	case <-time.After(30 * time.Second):
-		r.kill()
-		return fmt.Errorf("replica %s did not stop within 30s of SIGTERM", r.id)
-	}
+	t  *testing.T
+	ns string
+	in *install.Installation
 }
 
 // startReplicas starts n replicas in a fresh namespace with a policy doubling cpu on the
 // test's nodes, and stops them (then removes the configuration they kept) at the end.
 func startReplicas(t *testing.T, ctx context.Context, ns string, n int, extra ...string) *replicaSet {
 	t.Helper()
-	createNamespace(t, ctx, ns)
 	// (Namespaces are unique per run: a deleted one lingers while it is finalized.)
-	dir := t.TempDir()
-	policy := filepath.Join(dir, "policy.yaml")
+	createNamespace(t, ctx, ns)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	doc := fmt.Sprintf(`apiVersion: overcommit.dev/v1alpha1
 kind: OvercommitPolicy
 metadata:
@@ -185,55 +81,37 @@ spec:
 	if err := os.WriteFile(policy, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rs := &replicaSet{t: t, ns: ns, bin: overcommitBinary(t), extra: extra}
-	for i := 0; i < n; i++ {
-		r := &replica{id: fmt.Sprintf("%s-%d", ns, i), webhook: freePort(t), probe: freePort(t)}
-		tlsDir := filepath.Join(dir, r.id, "tls")
-		vol, err := shared.StartSecretVolume(ns, koServingName, tlsDir, koVolumeDelay)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.volume = vol
-		r.logPath = filepath.Join(shared.RunDir, "logs", "kube-overcommit-"+r.id+".log")
-		r.args = append([]string{"serve",
-			"--listen", fmt.Sprintf("127.0.0.1:%d", r.webhook),
-			"--probe-listen", fmt.Sprintf("127.0.0.1:%d", r.probe),
-			"--tls-dir", tlsDir,
+	in, err := install.Install(ctx, shared, install.Options{
+		Namespace:     ns,
+		Replicas:      n,
+		WebhookConfig: ns,
+		SecretDelay:   koVolumeDelay,
+		Args: append([]string{
 			"--cert-reload-interval", "1s",
 			"--policy-file", policy,
-			"--namespace", ns,
-			"--identity", r.id,
 			"--webhook-config-name", ns,
 			"--lease-ttl", koLeaseTTL,
 			"--lease-renew", koLeaseRenew,
 			"--check-interval", "1s",
 			"--propagation-delay", koPropagation,
 			"--shutdown-grace", "5s",
-		}, extra...)
-		rs.start(r)
-		rs.replicas = append(rs.replicas, r)
-		b := harness.Backend{Addr: fmt.Sprintf("127.0.0.1:%d", r.webhook), Port: 443,
-			ReadyURL: fmt.Sprintf("http://127.0.0.1:%d/readyz", r.probe)}
-		if err := shared.AddBackend(ns, koService, b); err != nil {
-			t.Fatal(err)
-		}
+		}, extra...),
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	rs := &replicaSet{t: t, ns: ns, in: in}
 	t.Cleanup(func() {
-		for _, r := range rs.replicas {
-			if err := r.stop(); err != nil {
-				t.Error(err)
-			}
-			_ = r.volume.Stop()
-			_ = shared.RemoveBackend(ns, koService, fmt.Sprintf("127.0.0.1:%d", r.webhook), 0)
-		}
-		if t.Failed() {
-			for _, r := range rs.replicas {
-				tailLog(t, r.logPath, 30)
-			}
-		}
 		// The leader kept the configuration in place; with every replica gone, remove it so
 		// that no other test's nodes are reviewed by a webhook without backends.
-		_ = shared.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(context.Background(), ns, metav1.DeleteOptions{})
+		if err := in.Uninstall(context.Background(), false); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			for _, p := range in.LogPaths() {
+				tailLog(t, p, 30)
+			}
+		}
 	})
 	return rs
 }
@@ -248,35 +126,6 @@ func tailLog(t *testing.T, path string, n int) {
 		lines = lines[len(lines)-n:]
 	}
 	t.Logf("--- %s (last %d lines)\n%s", filepath.Base(path), len(lines), strings.Join(lines, "\n"))
-}
-
-// byID finds a replica by identity.
-func (rs *replicaSet) byID(id string) *replica {
-	for _, r := range rs.replicas {
-		if r.id == id {
-			return r
-		}
-	}
-	return nil
-}
-
-// leader is the identity holding the leader Lease (empty if none).
-func leaderOf(ctx context.Context, ns string) string {
-	l, err := shared.Client.CoordinationV1().Leases(ns).Get(ctx, koLeaseName, metav1.GetOptions{})
-	if err != nil || l.Spec.HolderIdentity == nil {
-		return ""
-	}
-	return *l.Spec.HolderIdentity
-}
-
-func readyz(port int) bool {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
 }
 
 func fingerprint(der []byte) string {
@@ -356,9 +205,9 @@ func (rs *replicaSet) settled(ctx context.Context) error {
 	if err := p.leaf.CheckSignatureFrom(p.current); err != nil {
 		return fmt.Errorf("leaf not from the current CA: %v", err)
 	}
-	for _, r := range rs.replicas {
-		if r.alive() && !readyz(r.probe) {
-			return fmt.Errorf("replica %s not ready", r.id)
+	for _, r := range rs.in.Replicas() {
+		if r.Alive() && !r.Ready() {
+			return fmt.Errorf("replica %s not ready", r.Identity())
 		}
 	}
 	return nil
@@ -514,7 +363,7 @@ func TestLeaderBootstrapAndRotations(t *testing.T) {
 	if err := shared.WaitBackendsReady(ns, koService, 3, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if leaderOf(ctx, ns) == "" {
+	if rs.in.LeaderIdentity(ctx) == "" {
 		t.Fatal("no leader holds the Lease")
 	}
 
@@ -620,25 +469,29 @@ func waitPhase(ctx context.Context, ns, phase string, timeout time.Duration) (pk
 // killLeader SIGKILLs the current leader, waits until another replica leads, then starts the
 // killed one again (as a new, non-leading process with the same identity, like a pod restart).
 func (rs *replicaSet) killLeader(ctx context.Context, phase string) (string, string, error) {
-	id := leaderOf(ctx, rs.ns)
-	r := rs.byID(id)
+	id := rs.in.LeaderIdentity(ctx)
+	r := rs.in.ByIdentity(id)
 	if r == nil {
 		return "", "", fmt.Errorf("leader %q is not one of ours", id)
 	}
-	r.kill()
+	if err := r.Kill(); err != nil {
+		return id, "", err
+	}
 	// The kill must have landed inside the phase (read after it: nobody else writes yet).
 	if p, err := readPKI(ctx, rs.ns); err != nil || p.phase != phase {
 		return id, "", fmt.Errorf("leader killed in phase %q, wanted %q (%v)", p.phase, phase, err)
 	}
 	var next string
 	err := harness.Eventually(60*time.Second, 100*time.Millisecond, func() error {
-		next = leaderOf(ctx, rs.ns)
+		next = rs.in.LeaderIdentity(ctx)
 		if next == "" || next == id {
 			return fmt.Errorf("no new leader yet (lease holder %q)", next)
 		}
 		return nil
 	})
-	rs.start(r)
+	if serr := r.Start(); serr != nil && err == nil {
+		err = serr
+	}
 	return id, next, err
 }
 
@@ -662,7 +515,7 @@ func TestLeaderKilledInEachPhaseOfCARotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rotate := exec.Command(rs.bin, "rotate", "--ca", "--namespace", ns, "--wait", "60s")
+	rotate := exec.Command(rs.in.Binary, "rotate", "--ca", "--namespace", ns, "--wait", "60s")
 	rotate.Env = append(os.Environ(), "KUBECONFIG="+shared.Kubeconfig)
 	out, err := rotate.CombinedOutput()
 	if err != nil {
