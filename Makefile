@@ -47,6 +47,17 @@ cluster-status:
 cluster-test: cluster-build
 	cd tests/cluster && GOFLAGS=-p=2 go test -count=1 -timeout $(CLUSTER_TEST_TIMEOUT) ./...
 
+# Fault runs with invariant checks (chaos/README.md): `make chaos` is bounded (~3-4 min with
+# start-up) and meant for `make test`; `make chaos-long` runs fault cycles for CHAOS_DURATION.
+CHAOS_DURATION ?= 20m
+CHAOS_ARGS ?=
+
+chaos: release cluster-build
+	chaos/chaos.sh local $(CHAOS_ARGS)
+
+chaos-long: release cluster-build
+	chaos/chaos.sh local --duration $(CHAOS_DURATION) --apiserver-signal alternate $(CHAOS_ARGS)
+
 # Issue 4: leader election, certificate authority, rotation, webhook-configuration upkeep, on the
 # local control plane with 3 replicas as processes. Short run (5 leaf + 1 CA rotations, failover
 # in each CA rotation phase, repair of hand edits) and the long one (20 leaf + 3 CA rotations).
@@ -78,3 +89,24 @@ fmt:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+# Install manifests (deploy/ kustomize, charts/kube-overcommit): rendering, kustomize/Helm parity,
+# security invariants, RBAC, PromQL of alerts and dashboard (no cluster needed; installs helm
+# through tests/tools.sh on first use).
+.PHONY: test-deploy-static chart-sync
+test-deploy-static:
+	cd tests/deploy && go test -count=1 -run Static ./...
+
+# The chart carries copies of files it cannot reference (Helm reads only inside the chart).
+chart-sync:
+	mkdir -p charts/kube-overcommit/crds charts/kube-overcommit/files
+	cp deploy/crd/overcommitpolicies.yaml charts/kube-overcommit/crds/overcommitpolicies.yaml
+	cp deploy/components/monitoring/dashboard.json charts/kube-overcommit/files/dashboard.json
+
+# Install manifests on the local control plane (its own, started and stopped by the script):
+# server-side apply of kustomize and helm output, scheduling onto fake nodes, the PDB under node
+# drains, RBAC on the real authorizer, the webhook-guard admission policy, and the release binary
+# running as two replicas with the ServiceAccount's identity (bootstrap and inflation under RBAC).
+.PHONY: test-deploy
+test-deploy: test-deploy-static cluster-build release
+	tests/deploy/cluster.sh

@@ -625,6 +625,23 @@ async fn grace_period_bounds_shutdown_and_second_signal_aborts() {
     assert!(t.elapsed() < Duration::from_secs(3));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exits_when_the_watched_process_is_gone() {
+    let (_pki, leaf) = leaf_pair();
+    let mut parent = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep");
+    let mut w = Webhook::start(&leaf, &[&format!("--exit-with-pid={}", parent.id())]);
+    w.wait_ready().await;
+    parent.kill().expect("kill");
+    parent.wait().expect("reap");
+    let status = wait_exit(&mut w, Duration::from_secs(5))
+        .await
+        .expect("exited");
+    assert!(status.success(), "{status:?}");
+}
+
 async fn wait_exit(w: &mut Webhook, within: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + within;
     loop {

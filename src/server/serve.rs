@@ -52,6 +52,11 @@ pub struct ServeArgs {
     #[arg(long, env = "KUBE_OVERCOMMIT_NO_FILE_WATCH")]
     pub no_file_watch: bool,
 
+    /// Shut down (as on SIGTERM) when the process with this id is gone: tests pass their own
+    /// id so that nothing they start outlives them.
+    #[arg(long, env = "KUBE_OVERCOMMIT_EXIT_WITH_PID", hide = true)]
+    pub exit_with_pid: Option<u32>,
+
     /// The process exits at most this long after SIGTERM, drained or not.
     #[arg(long, env = "KUBE_OVERCOMMIT_SHUTDOWN_GRACE", default_value = "25s", value_parser = duration_arg)]
     pub shutdown_grace: Duration,
@@ -71,6 +76,17 @@ fn own_namespace(flag: Option<&str>) -> String {
     match std::fs::read_to_string(SA_NAMESPACE_FILE) {
         Ok(ns) if !ns.trim().is_empty() => ns.trim().to_owned(),
         _ => "kube-overcommit".to_owned(),
+    }
+}
+
+/// Resolves when process `pid` no longer exists; never for `None`.
+async fn process_gone(pid: Option<u32>) {
+    let Some(pid) = pid else {
+        return std::future::pending().await;
+    };
+    let proc_dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+    while proc_dir.exists() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -190,6 +206,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let which = tokio::select! {
         _ = sigterm.recv() => "SIGTERM",
         _ = sigint.recv() => "SIGINT",
+        _ = process_gone(args.exit_with_pid) => "watched process exited",
         r = &mut server_task => {
             anyhow::bail!("webhook server stopped unexpectedly: {r:?}");
         }
