@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"kube-overcommit/tests/cluster/harness"
+	"kube-overcommit/tests/cluster/install"
 )
 
 type localOptions struct {
@@ -169,12 +171,22 @@ func localRun(o localOptions) (broken []string, err error) {
 		return nil, err
 	}
 
-	rs := &replicaSet{binary: o.binary, runDir: o.runDir, kubeconfig: c.Kubeconfig, namespace: n.Namespace,
-		restartDelay: time.Second,
-		extraArgs:    []string{"--policy-file=" + policy, "--shutdown-delay=2s", "--shutdown-grace=10s", "--cert-reload-interval=2s"},
+	// The replicas: a local installation (package install) whose exited replicas are replaced
+	// as a Deployment replaces pods: a new identity, the same ports and Secret volume.
+	rs, err := install.Install(ctx, c, install.Options{
+		Namespace:     n.Namespace,
+		ServingSecret: n.ServingSecret,
+		WebhookConfig: n.WebhookConfig,
+		Replicas:      o.replicas,
+		Binary:        o.binary,
+		SecretDelay:   o.secretDelay,
+		Replace:       true,
+		RestartDelay:  time.Second,
+		StopGrace:     15 * time.Second,
+		Args:          []string{"--policy-file=" + policy, "--shutdown-delay=2s", "--shutdown-grace=10s", "--cert-reload-interval=2s"},
 		// Leader settings go through the environment so that a flag a binary does not know
 		// cannot stop it from starting.
-		env: []string{
+		Env: []string{
 			"RUST_LOG=info,kube_overcommit::server=debug",
 			"KUBE_OVERCOMMIT_LEAF_VALIDITY=" + secs(o.leafValidity),
 			"KUBE_OVERCOMMIT_CA_VALIDITY=3600s",
@@ -183,32 +195,17 @@ func localRun(o localOptions) (broken []string, err error) {
 			"KUBE_OVERCOMMIT_LEASE_TTL=" + secs(o.leaseTTL),
 			"KUBE_OVERCOMMIT_LEASE_RENEW=" + secs(o.leaseRenew),
 			"KUBE_OVERCOMMIT_WEBHOOK_TIMEOUT_SECONDS=" + strconv.Itoa(o.webhookTimeout),
-		}}
-	var volumes []*harness.SecretVolume
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
-		progress("stopping replicas and secret volumes: %s", rs.summary())
-		rs.stop(15 * time.Second)
-		for _, v := range volumes {
-			_ = v.Stop()
+		progress("stopping replicas and secret volumes: %s", rs.Summary())
+		if err := rs.Stop(); err != nil {
+			progress("stop replicas: %v", err)
 		}
 	}()
-	for i := 0; i < o.replicas; i++ {
-		s, err := rs.addSlot(i)
-		if err != nil {
-			return nil, err
-		}
-		v, err := c.StartSecretVolume(n.Namespace, n.ServingSecret, s.tlsDir, o.secretDelay)
-		if err != nil {
-			return nil, err
-		}
-		volumes = append(volumes, v)
-		if err := c.AddBackend(n.Namespace, "kube-overcommit", harness.Backend{Addr: s.listen, ReadyURL: "http://" + s.probe + "/readyz"}); err != nil {
-			return nil, err
-		}
-		if err := rs.start(s); err != nil {
-			return nil, err
-		}
-	}
 	tg := &localTarget{rs: rs, client: client, n: n, binary: o.binary, kubeconfig: c.Kubeconfig}
 	sc := &scenario{t: t, tg: tg, client: client, n: n, settle: 60 * time.Second,
 		rotationTimeout: 4*o.propagation + 4*o.secretDelay + 30*time.Second}
@@ -218,13 +215,13 @@ func localRun(o localOptions) (broken []string, err error) {
 		if _, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, n.WebhookConfig, metav1.GetOptions{}); err != nil {
 			return err
 		}
-		if r := rs.readySlots(); len(r) < o.replicas {
+		if r := rs.ReadyReplicas(); len(r) < o.replicas {
 			return fmt.Errorf("%d of %d replicas ready", len(r), o.replicas)
 		}
 		return c.WaitBackendsReady(n.Namespace, "kube-overcommit", o.replicas, time.Millisecond)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w (replica logs: %s/logs/replica-*.log)", err, o.runDir)
+		return nil, fmt.Errorf("%w (replica logs: %s)", err, strings.Join(rs.LogPaths(), " "))
 	}
 
 	// Load and observers.
@@ -246,10 +243,7 @@ func localRun(o localOptions) (broken []string, err error) {
 		l, _ := filepath.Glob(filepath.Join(o.runDir, "logs", "apiserver*.log"))
 		return l
 	}, x509InAPIServerLog, func(p *Phase, k int64) { p.X509APIServer += k }, "x509 in the API server log")
-	go tailLogs(obsCtx, &wg, t, func() []string {
-		l, _ := filepath.Glob(filepath.Join(o.runDir, "logs", "replica-*.log"))
-		return l
-	}, x509InReplicaLog, func(p *Phase, k int64) { p.X509Replica += k }, "TLS alert in a replica log")
+	go tailLogs(obsCtx, &wg, t, rs.LogPaths, x509InReplicaLog, func(p *Phase, k int64) { p.X509Replica += k }, "TLS alert in a replica log")
 	go createPods(obsCtx, &wg, t, client, "chaos", 300*time.Millisecond, 40,
 		map[string]string{"overcommit.dev/chaos": "true"}, nil)
 	stopLoad := func() {
@@ -293,11 +287,11 @@ func localRun(o localOptions) (broken []string, err error) {
 	stopLoad()
 	_ = fakeNodes.Stop()
 	broken = t.Finish(os.Stdout, o.webhookTimeout)
-	fmt.Println(rs.summary())
+	fmt.Println(rs.Summary())
 	return broken, nil
 }
 
-func localCycle(ctx context.Context, cycle int, o localOptions, sc *scenario, t *Tally, c *harness.Cluster, rs *replicaSet, n names, skip map[string]bool) {
+func localCycle(ctx context.Context, cycle int, o localOptions, sc *scenario, t *Tally, c *harness.Cluster, rs *install.Installation, n names, skip map[string]bool) {
 	t.Begin("baseline", true, false)
 	sleepCtx(ctx, 8*time.Second)
 	if !skip["sigterm"] {
@@ -315,14 +309,14 @@ func localCycle(ctx context.Context, cycle int, o localOptions, sc *scenario, t 
 		// open connections wait for the webhook timeout and fail open. Reported, not an
 		// invariant; it also shows that the not-mutated, fail-open and slow columns do count.
 		t.Begin("sigstop", false, false)
-		if idx, ok := rs.randomReady(); ok {
-			if err := rs.send(idx, syscall.SIGSTOP); err != nil {
-				t.Error("SIGSTOP replica %d: %v", idx, err)
+		if r, ok := randomReady(rs); ok {
+			if err := r.Send(syscall.SIGSTOP); err != nil {
+				t.Error("SIGSTOP replica %d: %v", r.Index, err)
 			} else {
-				t.Fault("sigstop", fmt.Sprintf("replica %d for 6s", idx))
+				t.Fault("sigstop", fmt.Sprintf("replica %d for 6s", r.Index))
 				sleepCtx(ctx, 6*time.Second)
-				if err := rs.send(idx, syscall.SIGCONT); err != nil {
-					t.Error("SIGCONT replica %d: %v", idx, err)
+				if err := r.Send(syscall.SIGCONT); err != nil {
+					t.Error("SIGCONT replica %d: %v", r.Index, err)
 				}
 			}
 		}
@@ -363,15 +357,13 @@ func localCycle(ctx context.Context, cycle int, o localOptions, sc *scenario, t 
 // (truncated, garbage, a key of another pair, empty), checks each time that it keeps serving
 // the last good certificate (a TLS handshake that verifies against the live caBundle), then
 // restores the files.
-func corruptCertFiles(ctx context.Context, t *Tally, rs *replicaSet, sc *scenario) {
-	idx, ok := rs.randomReady()
+func corruptCertFiles(ctx context.Context, t *Tally, rs *install.Installation, sc *scenario) {
+	s, ok := randomReady(rs)
 	if !ok {
 		t.Error("no ready replica to corrupt")
 		return
 	}
-	rs.mu.Lock()
-	s := rs.slots[idx]
-	rs.mu.Unlock()
+	idx := s.Index
 	otherKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	otherDER, _ := x509.MarshalPKCS8PrivateKey(otherKey)
 	garbage := make([]byte, 700)
@@ -390,7 +382,7 @@ func corruptCertFiles(ctx context.Context, t *Tally, rs *replicaSet, sc *scenari
 			return
 		}
 		// Resolved each time: a rotation may have swapped ..data since.
-		dataDir, err := filepath.EvalSymlinks(filepath.Join(s.tlsDir, "..data"))
+		dataDir, err := filepath.EvalSymlinks(filepath.Join(s.TLSDir, "..data"))
 		if err != nil {
 			t.Error("replica %d tls dir: %v", idx, err)
 			return
@@ -412,11 +404,11 @@ func corruptCertFiles(ctx context.Context, t *Tally, rs *replicaSet, sc *scenari
 		if err := checkServing(ctx, sc, s); err != nil {
 			t.Error("after %s replica %d no longer serves its last good certificate: %v", f.kind, idx, err)
 		}
-		if !rs.ready(s) {
+		if !s.Ready() {
 			t.Error("after %s replica %d is not ready", f.kind, idx)
 		}
 		// Put the pair back unless the volume was swapped meanwhile (then it is new anyway).
-		if cur, _ := filepath.EvalSymlinks(filepath.Join(s.tlsDir, "..data")); cur == dataDir {
+		if cur, _ := filepath.EvalSymlinks(filepath.Join(s.TLSDir, "..data")); cur == dataDir {
 			if err := errors.Join(os.WriteFile(crtPath, crt, 0o644), os.WriteFile(keyPath, key, 0o644)); err != nil {
 				t.Error("restore: %v", err)
 			}
@@ -427,7 +419,7 @@ func corruptCertFiles(ctx context.Context, t *Tally, rs *replicaSet, sc *scenari
 
 // checkServing does a TLS handshake with the replica as the API server would: server name
 // <service>.<namespace>.svc, trust = the live caBundle of the webhook configuration.
-func checkServing(ctx context.Context, sc *scenario, s *slot) error {
+func checkServing(ctx context.Context, sc *scenario, s *install.Replica) error {
 	mwc, err := sc.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, sc.n.WebhookConfig, metav1.GetOptions{})
 	if err != nil {
 		return err
@@ -442,49 +434,59 @@ func checkServing(ctx context.Context, sc *scenario, s *slot) error {
 	d := tls.Dialer{Config: &tls.Config{RootCAs: pool, ServerName: "kube-overcommit." + sc.n.Namespace + ".svc"}}
 	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	conn, err := d.DialContext(dctx, "tcp", s.listen)
+	conn, err := d.DialContext(dctx, "tcp", s.Listen)
 	if err != nil {
 		return err
 	}
 	return conn.Close()
 }
 
+// randomReady is one of the ready replicas, chosen at random.
+func randomReady(in *install.Installation) (*install.Replica, bool) {
+	r := in.ReadyReplicas()
+	if len(r) == 0 {
+		return nil, false
+	}
+	return r[mrand.IntN(len(r))], true
+}
+
 type localTarget struct {
-	rs                 *replicaSet
+	rs                 *install.Installation
 	client             kubernetes.Interface
 	n                  names
 	binary, kubeconfig string
 }
 
-func (l *localTarget) Replicas() int { return len(l.rs.slots) }
+func (l *localTarget) Replicas() int { return len(l.rs.Replicas()) }
 
 func (l *localTarget) Ready(context.Context) []string {
 	var out []string
-	for _, i := range l.rs.readySlots() {
-		out = append(out, "r"+strconv.Itoa(i))
+	for _, r := range l.rs.ReadyReplicas() {
+		out = append(out, "r"+strconv.Itoa(r.Index))
 	}
 	return out
 }
 
 func (l *localTarget) Stop(_ context.Context, replica string, force bool) error {
 	i, err := strconv.Atoi(strings.TrimPrefix(replica, "r"))
-	if err != nil || i < 0 || i >= len(l.rs.slots) {
+	r := l.rs.Replica(i)
+	if err != nil || r == nil {
 		return fmt.Errorf("no replica %q", replica)
 	}
 	sig := syscall.SIGTERM
 	if force {
 		sig = syscall.SIGKILL
 	}
-	_, err = l.rs.signal(i, sig, 15*time.Second)
+	_, err = r.Signal(sig, 15*time.Second)
 	return err
 }
 
 func (l *localTarget) Leader(ctx context.Context) string {
-	i, ok := l.rs.byIdentity(leaseHolder(ctx, l.client, l.n))
-	if !ok {
+	r := l.rs.ByIdentity(leaseHolder(ctx, l.client, l.n))
+	if r == nil {
 		return ""
 	}
-	return "r" + strconv.Itoa(i)
+	return "r" + strconv.Itoa(r.Index)
 }
 
 func (l *localTarget) Rotate(ctx context.Context, ca bool) error {

@@ -286,7 +286,8 @@ func (in *Installation) AddReplica() (*Replica, error) {
 		return nil, err
 	}
 	dir := filepath.Join(in.Dir, fmt.Sprintf("replica-%d", i))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// The mount point exists before the container starts, as with a kubelet volume.
+	if err := os.MkdirAll(filepath.Join(dir, "tls"), 0o755); err != nil {
 		return nil, err
 	}
 	r := &Replica{Index: i, in: in,
@@ -661,6 +662,17 @@ func (r *Replica) Signal(sig syscall.Signal, timeout time.Duration) (string, err
 	case <-time.After(timeout):
 		return id, fmt.Errorf("%s did not exit within %v of %v", id, timeout, sig)
 	}
+}
+
+// Send sends sig to the current process without waiting (SIGSTOP / SIGCONT: a hung process).
+func (r *Replica) Send(sig syscall.Signal) error {
+	r.mu.Lock()
+	cmd, alive := r.cmd, r.aliveLocked()
+	r.mu.Unlock()
+	if !alive {
+		return fmt.Errorf("replica %d not running", r.Index)
+	}
+	return cmd.Process.Signal(sig)
 }
 
 // Kill sends SIGKILL (a crashed container) and waits.

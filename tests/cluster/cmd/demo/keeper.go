@@ -114,7 +114,7 @@ func keep(run runfiles.Dir) error {
 		}
 		fmt.Printf("%s demo keep: replicas stopped: %s\n", time.Now().UTC().Format(time.RFC3339), in.Summary())
 	}()
-	if err := in.WaitReady(len(in.Replicas()), 2*time.Minute); err != nil {
+	if err := in.WaitBootstrapped(ctx, 2*time.Minute); err != nil {
 		return err
 	}
 	if err := os.WriteFile(run.Path(keeperReadyTag), nil, 0o644); err != nil {

@@ -593,7 +593,43 @@ func (d *demo) printSummary(without, with int) {
 	}
 	_ = w.Flush()
 	fmt.Printf("\n    With the policy the scheduler placed %d more pods on the same %d nodes; deleting it restored the kubelet's values.\n", with-without, d.o.nodes)
-	fmt.Printf("    replicas: %s\n", d.in.Summary())
+	if c, err := d.apiserverWebhookCounts(); err == nil {
+		fmt.Printf("    The API server called the webhook %.0f times (node status writes, pod creations): %.0f answered, %.0f failed open.\n", c.total, c.answered, c.failOpen)
+	}
+	fmt.Printf("    Leader: %s; replicas ready: %d of %d.\n", d.in.LeaderIdentity(context.Background()), len(d.in.ReadyReplicas()), len(d.in.Replicas()))
+}
+
+type webhookCounts struct{ total, answered, failOpen float64 }
+
+// apiserverWebhookCounts reads the API server's own metrics of calls to this project's webhooks.
+func (d *demo) apiserverWebhookCounts() (webhookCounts, error) {
+	var c webhookCounts
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw, err := d.c.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return c, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.Contains(line, `overcommit.dev"`) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(line, "apiserver_admission_webhook_fail_open_count{"):
+			c.failOpen += v
+		case strings.HasPrefix(line, "apiserver_admission_webhook_request_total{"):
+			c.total += v
+			if strings.Contains(line, `code="200"`) {
+				c.answered += v
+			}
+		}
+	}
+	return c, nil
 }
 
 // cleanup stops what the demo started. With --keep after a successful run, the replicas are
