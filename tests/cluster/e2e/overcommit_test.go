@@ -19,6 +19,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,6 +139,11 @@ func TestOvercommit(t *testing.T) {
 	if _, err := policies.Create(ctx, policy, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Every replica's policy cache (a watch of the CRD) has it before anything is checked, so
+	// that whichever replica the API server calls answers with it.
+	if err := waitPoliciesLoaded(in, 1); err != nil {
+		t.Fatal(err)
+	}
 	for _, n := range nodes.Names {
 		if err := waitNode(ctx, cs, n, 60*time.Second, cpuIs(inflated), rawAnnotation(raw), appliedPolicy("oc-pool-cpu")); err != nil {
 			t.Fatal(err)
@@ -158,9 +167,8 @@ func TestOvercommit(t *testing.T) {
 		[]byte(`{"metadata":{"labels":{"`+ocPodDefaultsLabel+`":"enabled"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The policy cache of every replica has the policy (its nodes are inflated by whichever
-	// replica answered); creating the same pod over and over until defaults appear would hide
-	// a slow replica, so the first pod is checked as it is.
+	// Every replica has the policy (waited on above), so the first pod of each namespace is
+	// checked as created: no retrying until defaults appear.
 	want := map[string]corev1.ResourceList{
 		"plain":   {corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 		"limited": {corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
@@ -202,6 +210,9 @@ func TestOvercommit(t *testing.T) {
 
 	// 3. Deleting the policy restores the raw value and removes the annotations.
 	if err := policies.Delete(ctx, "oc-pool-cpu", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitPoliciesLoaded(in, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitNode(ctx, cs, kept, 60*time.Second, cpuIs(raw), notAnnotated); err != nil {
@@ -250,6 +261,34 @@ func TestOvercommit(t *testing.T) {
 	}
 	if w.Overridden == 0 {
 		t.Fatal("no status write was changed by the webhook")
+	}
+	// The replicas' own account: reviews of both kinds patched, none failed open.
+	reviews := map[string]float64{}
+	for _, r := range in.Replicas() {
+		m, err := replicaMetrics(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range m {
+			if strings.HasPrefix(k, "kube_overcommit_reviews_total{") && v != 0 {
+				reviews[k] += v
+			}
+		}
+	}
+	t.Logf("reviews (all replicas): %v", reviews)
+	var nodePatched, podPatched, failedOpen float64
+	for k, v := range reviews {
+		switch {
+		case strings.Contains(k, `outcome="failed_open"`):
+			failedOpen += v
+		case strings.Contains(k, `resource="node"`) && strings.Contains(k, `outcome="patched"`):
+			nodePatched += v
+		case strings.Contains(k, `resource="pod"`) && strings.Contains(k, `outcome="patched"`):
+			podPatched += v
+		}
+	}
+	if failedOpen != 0 || nodePatched == 0 || podPatched == 0 {
+		t.Fatalf("reviews: %v failed open, %v node and %v pod reviews patched", failedOpen, nodePatched, podPatched)
 	}
 	t.Logf("TestOvercommit done in %.1fs", time.Since(start).Seconds())
 }
@@ -474,4 +513,51 @@ func appliedPolicy(name string) nodeCheck {
 		}
 		return nil
 	}
+}
+
+// replicaMetrics reads a replica's /metrics (Prometheus text) into series -> value.
+func replicaMetrics(r *install.Replica) (map[string]float64, error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + r.Probe + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("replica %s /metrics: %s", r.Identity(), resp.Status)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, nil
+}
+
+// waitPoliciesLoaded waits until every replica's policy set holds n policies.
+func waitPoliciesLoaded(in *install.Installation, n int) error {
+	return harness.Eventually(30*time.Second, 200*time.Millisecond, func() error {
+		for _, r := range in.Replicas() {
+			m, err := replicaMetrics(r)
+			if err != nil {
+				return err
+			}
+			if got, ok := m["kube_overcommit_policies_loaded"]; !ok || got != float64(n) {
+				return fmt.Errorf("replica %s: policies loaded %v (present %v), want %d", r.Identity(), got, ok, n)
+			}
+		}
+		return nil
+	})
 }
