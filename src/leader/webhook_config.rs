@@ -6,8 +6,9 @@
 //! - `nodes.overcommit.dev`: UPDATE nodes/status and CREATE nodes. No object selector: the node
 //!   rule itself honours `overcommit.dev/disabled=true`, so that opting out restores the raw
 //!   allocatable and removes the annotations at the next status write (design.md 3.7).
-//! - `pods.overcommit.dev`: CREATE pods, never in kube-system or the webhook's own namespace
-//!   (namespaceSelector on `kubernetes.io/metadata.name`), opt-out by the pod label
+//! - `pods.overcommit.dev`: CREATE pods in namespaces labelled
+//!   `overcommit.dev/pod-defaults=enabled`, never in kube-system or the webhook's own namespace
+//!   (namespaceSelector on that label and `kubernetes.io/metadata.name`), opt-out by the pod label
 //!   `overcommit.dev/disabled=true` (objectSelector).
 //!
 //! Both fail open (`failurePolicy: Ignore`) with a short timeout: heartbeats are never blocked.
@@ -21,6 +22,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
 use serde_json::{Value, json};
+
+use crate::policy::POD_DEFAULTS_NAMESPACE_LABEL;
 
 /// Label that opts an object out.
 pub const DISABLED_LABEL: &str = "overcommit.dev/disabled";
@@ -86,12 +89,21 @@ pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfigur
     if s.namespace != "kube-system" {
         excluded.push(s.namespace.clone());
     }
+    // Only namespaces that opted in (docs/policy.md: an AdmissionReview does not carry the
+    // namespace's labels, so this choice is the API server's).
     pods.namespace_selector = Some(LabelSelector {
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: "kubernetes.io/metadata.name".into(),
-            operator: "NotIn".into(),
-            values: Some(excluded),
-        }]),
+        match_expressions: Some(vec![
+            LabelSelectorRequirement {
+                key: "kubernetes.io/metadata.name".into(),
+                operator: "NotIn".into(),
+                values: Some(excluded),
+            },
+            LabelSelectorRequirement {
+                key: POD_DEFAULTS_NAMESPACE_LABEL.into(),
+                operator: "In".into(),
+                values: Some(vec!["enabled".into()]),
+            },
+        ]),
         match_labels: None,
     });
     pods.object_selector = Some(LabelSelector {
@@ -285,6 +297,11 @@ mod tests {
             ns[0].values.as_ref().unwrap(),
             &vec!["kube-system".to_string(), "kube-overcommit".to_string()]
         );
+        assert_eq!(
+            (ns[1].key.as_str(), ns[1].operator.as_str()),
+            ("overcommit.dev/pod-defaults", "In")
+        );
+        assert_eq!(ns[1].values.as_ref().unwrap(), &vec!["enabled".to_string()]);
     }
 
     #[test]
