@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 CARGO ?= cargo
 
-.PHONY: build release test test-unit test-e2e demo bench cluster-build cluster-up cluster-down chaos chaos-long crd fmt lint
+.PHONY: build release test test-unit test-e2e demo bench bench-smoke cluster-build cluster-up cluster-down chaos chaos-long crd fmt lint
 
 build:
 	$(CARGO) build --locked
@@ -35,8 +35,13 @@ cluster-down:
 demo:
 	@echo "demo: wired by issue 5"
 
+# Benchmarks (bench/bench.py): builds everything, brings up the local control plane when it needs
+# it, writes BENCHMARKS.md. Never part of `make test`; bench-smoke is its short untimed check.
 bench:
-	@echo "bench: wired by issue 6"
+	python3 bench/bench.py run
+
+bench-smoke:
+	python3 bench/bench.py smoke
 
 fmt:
 	$(CARGO) fmt --all
