@@ -468,6 +468,38 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    """perf record one server under closed-loop load with one payload; print the hottest symbols."""
+    bins = build()
+    oha = ensure_oha()
+    tls = OUT / "tls"
+    make_certs(tls)
+    files = payload_files()
+    servers = [s for s in make_servers(bins, tls, max_seconds=600) if s.name == args.server]
+    if not servers:
+        raise SystemExit(f"unknown server {args.server}")
+    s = servers[0]
+    data = OUT / f"perf-{s.name}-{args.payload}.data"
+    try:
+        start_all([s], {args.payload: files[args.payload]}, tls)
+        load(oha, s, args.payload, files[args.payload], tls, conns=16, seconds=1)
+        rec = subprocess.Popen(["perf", "record", "-F", "1999", "-g", "--call-graph", "dwarf,16384" if args.dwarf else "fp",
+                                "-o", str(data), "-p", str(s.proc.pid), "--", "sleep", str(args.seconds)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        r = load(oha, s, args.payload, files[args.payload], tls, conns=32, seconds=args.seconds)
+        rec.wait()
+        log(f"{s.name} {args.payload}: {r['rps']:.0f} req/s during the profile")
+    finally:
+        s.stop()
+    report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "symbol", "--stdio",
+                             "--percent-limit", "0.7", "-g", "none"], capture_output=True, text=True).stdout
+    out = OUT / f"profile-{s.name}-{args.payload}.txt"
+    out.write_text(report)
+    print(report)
+    log(f"wrote {out}")
+    return 0
+
+
 def cmd_report(_args) -> int:
     import report
     report.write(json.loads((OUT / "results.json").read_text()), ROOT / "BENCHMARKS.md")
@@ -485,8 +517,13 @@ def main() -> int:
     s = sub.add_parser("smoke")
     s.add_argument("--requests", type=int, default=200)
     sub.add_parser("report")
+    pr = sub.add_parser("profile")
+    pr.add_argument("--server", default="kube-overcommit")
+    pr.add_argument("--payload", default="node-55k")
+    pr.add_argument("--seconds", type=int, default=10)
+    pr.add_argument("--dwarf", action="store_true", help="DWARF call graphs (bigger, slower)")
     args = ap.parse_args()
-    return {"run": cmd_run, "smoke": cmd_smoke, "report": cmd_report}[args.cmd](args)
+    return {"run": cmd_run, "smoke": cmd_smoke, "report": cmd_report, "profile": cmd_profile}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -187,7 +187,7 @@ def real_node(kcp: Kcp, payload: str, images: int, volumes: int) -> dict:
             proc.wait()
 
 
-BENCH_NAMESPACE = "overcommit-bench"
+BENCH_NAMESPACE = "bench-apps"
 
 POD = {
     "apiVersion": "v1", "kind": "Pod",

@@ -12,27 +12,24 @@ import (
 )
 
 // PodDefaults mirrors spec.podDefaults of the product's OvercommitPolicy.
+// Which namespaces get them is decided by the API server (the webhook configuration's
+// namespaceSelector), as in the product; the highest-priority policy with podDefaults applies.
 type PodDefaults struct {
-	Namespaces            []string          `json:"namespaces,omitempty"`
-	DefaultRequests       map[string]string `json:"defaultRequests,omitempty"`
+	Requests              map[string]string `json:"requests,omitempty"`
 	RequestToLimitPercent map[string]int64  `json:"requestToLimitPercent,omitempty"`
 }
 
 type podRules struct {
-	namespaces map[string]bool // empty: every namespace
-	defaults   corev1.ResourceList
-	percent    map[corev1.ResourceName]int64
+	defaults corev1.ResourceList
+	percent  map[corev1.ResourceName]int64
 }
 
 func parsePodDefaults(name string, d *PodDefaults) (*podRules, error) {
-	r := &podRules{namespaces: map[string]bool{}, defaults: corev1.ResourceList{}, percent: map[corev1.ResourceName]int64{}}
-	for _, ns := range d.Namespaces {
-		r.namespaces[ns] = true
-	}
-	for k, v := range d.DefaultRequests {
+	r := &podRules{defaults: corev1.ResourceList{}, percent: map[corev1.ResourceName]int64{}}
+	for k, v := range d.Requests {
 		q, err := resource.ParseQuantity(v)
 		if err != nil {
-			return nil, fmt.Errorf("policy %s: podDefaults.defaultRequests[%s]: %w", name, k, err)
+			return nil, fmt.Errorf("policy %s: podDefaults.requests[%s]: %w", name, k, err)
 		}
 		r.defaults[corev1.ResourceName(k)] = q
 	}
@@ -64,7 +61,7 @@ func (d *PodCustomDefaulter) Default(ctx context.Context, obj runtime.Object) er
 	if namespace == "kube-system" || namespace == d.OwnNamespace || guaranteed(pod) {
 		return nil
 	}
-	rules := d.choose(namespace)
+	rules := d.choose()
 	if rules == nil {
 		return nil
 	}
@@ -78,10 +75,9 @@ func (d *PodCustomDefaulter) Default(ctx context.Context, obj runtime.Object) er
 	return nil
 }
 
-func (d *PodCustomDefaulter) choose(namespace string) *podRules {
+func (d *PodCustomDefaulter) choose() *podRules {
 	for i := range d.Policies {
-		r := d.Policies[i].pods
-		if r != nil && (len(r.namespaces) == 0 || r.namespaces[namespace]) {
+		if r := d.Policies[i].pods; r != nil {
 			return r
 		}
 	}
