@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 CARGO ?= cargo
 
-.PHONY: build release test test-unit test-e2e demo bench bench-smoke cluster-build cluster-up cluster-down chaos chaos-long crd fmt lint
+.PHONY: build release test test-unit test-e2e demo bench bench-smoke cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint
 
 build:
 	$(CARGO) build --locked
@@ -23,14 +23,26 @@ test-e2e: release cluster-build
 	@echo "e2e: wired by issues 2-5"
 
 # Local control plane (tests/cluster): etcd, kube-apiserver, scheduler, controller-manager, fake nodes.
-cluster-build:
-	@echo "cluster-build: wired by issue 2"
+# The kcp binary is cached in ~/.cache/kube-overcommit (keyed by go.mod/go.sum/sources); see tests/cluster/README.md.
+KCP := tests/cluster/kcp.sh
+CLUSTER_NODES ?= 3
+CLUSTER_TEST_TIMEOUT ?= 20m
 
-cluster-up:
-	@echo "cluster-up: wired by issue 2"
+cluster-build:
+	$(KCP) build
+
+cluster-up: cluster-build
+	$(KCP) up --nodes $(CLUSTER_NODES)
 
 cluster-down:
-	@echo "cluster-down: wired by issue 2"
+	@if [[ -x "$$($(KCP) path)" ]]; then $(KCP) down; else echo "kcp not built: nothing can be running"; fi
+
+cluster-status:
+	$(KCP) status
+
+# Tests of the control plane itself (each starts its own control plane in a temp dir).
+cluster-test: cluster-build
+	cd tests/cluster && GOFLAGS=-p=2 go test -count=1 -timeout $(CLUSTER_TEST_TIMEOUT) ./...
 
 demo:
 	@echo "demo: wired by issue 5"

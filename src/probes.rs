@@ -1,1 +1,238 @@
-//! probes (issue 3)
+//! Plain-HTTP probe port: `/healthz` (the process answers), `/readyz` (every readiness
+//! condition holds), `/metrics` (Prometheus text format).
+//!
+//! Readiness is a set of named conditions. The server registers `certificate`, the policy
+//! source registers `policies`, shutdown registers `not-shutting-down`; any other module
+//! (the leader) adds its own with [`Readiness::condition`] or [`Readiness::add_check`].
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+/// Flags of the probe port.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProbeArgs {
+    /// Address of the plain-HTTP probe and metrics port (/healthz, /readyz, /metrics).
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_PROBE_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub probe_listen: SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("binding the probe port {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// One readiness condition that its owner flips (cheap to clone, lock-free to set and read).
+#[derive(Clone, Debug)]
+pub struct ReadyFlag(Arc<AtomicBool>);
+
+impl ReadyFlag {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Release);
+    }
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+type Check = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Named readiness conditions; ready when all hold.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    checks: Arc<RwLock<Vec<(String, Check)>>>,
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readiness")
+            .field("failing", &self.failing())
+            .finish()
+    }
+}
+
+impl Readiness {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add a condition `name`, initially `initial`, and return the flag that controls it.
+    pub fn condition(&self, name: &str, initial: bool) -> ReadyFlag {
+        let flag = ReadyFlag(Arc::new(AtomicBool::new(initial)));
+        let f = flag.clone();
+        self.add_check(name, move || f.get());
+        flag
+    }
+
+    /// Add a condition evaluated at each `/readyz` request (keep it cheap and non-blocking).
+    pub fn add_check(&self, name: &str, check: impl Fn() -> bool + Send + Sync + 'static) {
+        let mut checks = match self.checks.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        checks.push((name.to_owned(), Arc::new(check)));
+    }
+
+    /// Names of the conditions that do not hold.
+    pub fn failing(&self) -> Vec<String> {
+        let checks = match self.checks.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        checks
+            .iter()
+            .filter(|(_, c)| !c())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.failing().is_empty()
+    }
+}
+
+/// Bind the probe port now (so bind errors surface at start-up) and return the serving future.
+pub async fn bind(
+    args: &ProbeArgs,
+    readiness: Readiness,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(SocketAddr, impl Future<Output = ()> + use<>), ProbeError> {
+    let listener = TcpListener::bind(args.probe_listen)
+        .await
+        .map_err(|source| ProbeError::Bind {
+            addr: args.probe_listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ProbeError::Bind {
+        addr: args.probe_listen,
+        source,
+    })?;
+    let serve = async move {
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
+            .keep_alive(true);
+        loop {
+            let (stream, _) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "probe accept failed");
+                        continue;
+                    }
+                },
+                _ = crate::server::turned_true(&mut stop) => break,
+            };
+            let readiness = readiness.clone();
+            let metrics = metrics.clone();
+            let conn = http.serve_connection(
+                TokioIo::new(stream),
+                hyper::service::service_fn(move |req| {
+                    let resp = respond(&req, &readiness, &metrics);
+                    async move { Ok::<_, Infallible>(resp) }
+                }),
+            );
+            let mut stop = stop.clone();
+            tokio::spawn(async move {
+                let mut conn = std::pin::pin!(conn);
+                tokio::select! {
+                    _ = conn.as_mut() => {}
+                    _ = crate::server::turned_true(&mut stop) => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+                    }
+                }
+            });
+        }
+    };
+    Ok((addr, serve))
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+fn respond(
+    req: &Request<Incoming>,
+    readiness: &Readiness,
+    metrics: &Metrics,
+) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    match req.uri().path() {
+        "/healthz" | "/livez" => text(StatusCode::OK, "ok\n"),
+        "/readyz" => {
+            let failing = readiness.failing();
+            if failing.is_empty() {
+                text(StatusCode::OK, "ok\n")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {}\n", failing.join(", ")),
+                )
+            }
+        }
+        "/metrics" => {
+            let mut r = text(StatusCode::OK, metrics.encode());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            r
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_lists_failing_conditions() {
+        let r = Readiness::new();
+        let cert = r.condition("certificate", false);
+        let _ok = r.condition("policies", true);
+        let extra = Arc::new(AtomicBool::new(true));
+        let e = extra.clone();
+        r.add_check("leader-ca-published", move || e.load(Ordering::SeqCst));
+        assert_eq!(r.failing(), vec!["certificate".to_string()]);
+        cert.set(true);
+        assert!(r.is_ready());
+        extra.store(false, Ordering::SeqCst);
+        assert_eq!(r.failing(), vec!["leader-ca-published".to_string()]);
+    }
+}

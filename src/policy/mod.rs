@@ -63,5 +63,7 @@ impl PolicySet {
 
 /// Parse a YAML stream of OvercommitPolicy documents.
 pub fn parse_policy_file(_text: &str) -> Result<Vec<OvercommitPolicy>, PolicyError> {
-    Err(PolicyError::Parse("not yet implemented (issue 3, core)".into()))
+    Err(PolicyError::Parse(
+        "not yet implemented (issue 3, core)".into(),
+    ))
 }

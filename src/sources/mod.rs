@@ -1,1 +1,106 @@
-//! Where policies come from: a watched file, or the CRD through kube-runtime (issue 3).
+//! Where policies come from: a watched YAML file (`--policy-file`), or the OvercommitPolicy
+//! custom resources through a kube-runtime watcher. Both publish a complete, validated
+//! [`PolicySet`] into one `ArcSwap`, which reviews read without a lock.
+
+pub mod crd;
+pub mod file;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use crate::metrics::{Metrics, PolicyReloadLabels, PolicySourceLabel, ReloadResult};
+use crate::policy::PolicySet;
+use crate::probes::ReadyFlag;
+
+/// Flags choosing the policy source.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SourceArgs {
+    /// YAML file of OvercommitPolicy documents, reloaded when it changes. Without it, the
+    /// OvercommitPolicy resources are watched through the API server (in-cluster config or
+    /// KUBECONFIG).
+    #[arg(long, env = "KUBE_OVERCOMMIT_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+
+    /// Re-read the policy file this often even without a change notification.
+    #[arg(long, env = "KUBE_OVERCOMMIT_POLICY_RELOAD_INTERVAL", default_value = "10s",
+          value_parser = crate::server::duration_arg)]
+    pub policy_reload_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("connecting to the API server (in-cluster config or KUBECONFIG): {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// The current policy set and whether the first complete set has been published.
+#[derive(Clone)]
+pub struct PolicyStore {
+    current: Arc<ArcSwap<PolicySet>>,
+    synced: ReadyFlag,
+    metrics: Arc<Metrics>,
+}
+
+impl PolicyStore {
+    /// `synced` is the readiness condition that turns true with the first published set.
+    pub fn new(metrics: Arc<Metrics>, synced: ReadyFlag) -> Self {
+        Self {
+            current: Arc::new(ArcSwap::from_pointee(PolicySet::default())),
+            synced,
+            metrics,
+        }
+    }
+
+    /// The shared cell the server reads.
+    pub fn cell(&self) -> Arc<ArcSwap<PolicySet>> {
+        self.current.clone()
+    }
+
+    pub fn current(&self) -> Arc<PolicySet> {
+        self.current.load_full()
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.get()
+    }
+
+    fn publish(&self, set: PolicySet, source: PolicySourceLabel) {
+        let n = set.len();
+        self.current.store(Arc::new(set));
+        self.metrics.policies_loaded.set(n as i64);
+        self.count(source, ReloadResult::success);
+        self.synced.set(true);
+    }
+
+    fn count(&self, source: PolicySourceLabel, result: ReloadResult) {
+        self.metrics
+            .policy_reloads
+            .get_or_create(&PolicyReloadLabels { source, result })
+            .inc();
+    }
+}
+
+/// Run the source chosen by `args` until `stop` turns true.
+pub async fn run(
+    args: &SourceArgs,
+    store: PolicyStore,
+    stop: watch::Receiver<bool>,
+) -> Result<(), SourceError> {
+    match &args.policy_file {
+        Some(path) => {
+            file::FileSource::new(path.clone(), store)
+                .run(args.policy_reload_interval, stop)
+                .await;
+            Ok(())
+        }
+        None => {
+            let client = kube::Client::try_default().await?;
+            crd::run(client, store, stop).await;
+            Ok(())
+        }
+    }
+}

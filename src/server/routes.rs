@@ -1,0 +1,325 @@
+//! One HTTP request on the webhook port: `POST /mutate` -> `admission::handle`.
+//!
+//! The hot path: match the path and method, check the content type and length, collect the
+//! body into one buffer sized from `Content-Length`, take a lock-free snapshot of the policies,
+//! call `handle` inline, count, answer. Every refusal is a short text message.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+
+use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
+use crate::metrics::{Metrics, RejectLabels};
+use crate::policy::PolicySet;
+
+/// The one path the webhook configuration points at.
+pub const MUTATE_PATH: &str = "/mutate";
+
+/// Bodies above this are reviewed with `block_in_place`, so that one huge review does not
+/// stall the other connections sharing this worker thread.
+const INLINE_BODY_LIMIT: usize = 1024 * 1024;
+/// Buffer to start with when the client did not say how much it sends.
+const DEFAULT_BODY_CAPACITY: usize = 64 * 1024;
+
+/// Everything a request needs; shared by all connections.
+pub struct App {
+    pub policies: Arc<ArcSwap<PolicySet>>,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    pub max_body_bytes: usize,
+    /// Upper bound on reading one body (the API server's `timeout` may shorten it).
+    pub body_timeout: Duration,
+}
+
+#[derive(Debug)]
+enum BodyError {
+    TooLarge,
+    Read(hyper::Error),
+    TimedOut,
+}
+
+impl App {
+    pub async fn route(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let start = Instant::now();
+        if req.uri().path() != MUTATE_PATH {
+            return self.reject(
+                StatusCode::NOT_FOUND,
+                "not found; the webhook path is /mutate\n",
+            );
+        }
+        if req.method() != Method::POST {
+            let mut r = self.reject(StatusCode::METHOD_NOT_ALLOWED, "only POST is allowed\n");
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return r;
+        }
+        if !is_json(req.headers().get(header::CONTENT_TYPE)) {
+            return self.reject(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Content-Type must be application/json\n",
+            );
+        }
+        let declared = match content_length(req.headers().get(header::CONTENT_LENGTH)) {
+            Ok(n) => n,
+            Err(()) => return self.reject(StatusCode::BAD_REQUEST, "invalid Content-Length\n"),
+        };
+        if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
+            return self.too_large();
+        }
+        let timeout = req
+            .uri()
+            .query()
+            .and_then(query_timeout)
+            .map_or(self.body_timeout, |t| t.min(self.body_timeout));
+        let capacity = declared.map_or(DEFAULT_BODY_CAPACITY, |n| n as usize);
+        let body = match read_body(req.into_body(), self.max_body_bytes, capacity, timeout).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => return self.too_large(),
+            Err(BodyError::TimedOut) => {
+                return self.reject(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request body not received in time\n",
+                );
+            }
+            Err(BodyError::Read(e)) => {
+                tracing::debug!(error = %e, "reading request body failed");
+                return self.reject(StatusCode::BAD_REQUEST, "request body could not be read\n");
+            }
+        };
+        let handled = self.review(&body);
+        self.metrics
+            .count_review(handled.resource, &handled.operation, handled.outcome);
+        let mut resp = Response::new(Full::new(Bytes::from(handled.body)));
+        *resp.status_mut() = StatusCode::from_u16(handled.status).unwrap_or(StatusCode::OK);
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        self.metrics.review_duration.observe(start.elapsed());
+        resp
+    }
+
+    fn review(&self, body: &[u8]) -> Handled {
+        let policies = self.policies.load();
+        let run = || {
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                admission::handle(body, &policies, &self.settings)
+            }))
+        };
+        let result = if body.len() > INLINE_BODY_LIMIT {
+            tokio::task::block_in_place(run)
+        } else {
+            run()
+        };
+        match result {
+            Ok(h) => h,
+            // A bug must not block heartbeats (design.md 3.1): answer allowed, no patch.
+            Err(_) => {
+                tracing::error!("admission handler panicked; answering allowed without a patch");
+                fail_open(body)
+            }
+        }
+    }
+
+    fn reject(&self, status: StatusCode, msg: &'static str) -> Response<Full<Bytes>> {
+        self.metrics
+            .http_rejects
+            .get_or_create(&RejectLabels {
+                status: status.as_u16(),
+            })
+            .inc();
+        let mut r = Response::new(Full::new(Bytes::from_static(msg.as_bytes())));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        r
+    }
+
+    fn too_large(&self) -> Response<Full<Bytes>> {
+        let mut r = self.reject(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body exceeds the size limit (--max-body-bytes)\n",
+        );
+        // The rest of the body is not read, so the connection cannot be reused.
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        r
+    }
+}
+
+/// Minimal AdmissionReview answer when the handler itself failed: allowed, no patch.
+fn fail_open(body: &[u8]) -> Handled {
+    #[derive(serde::Deserialize)]
+    struct Review {
+        request: Option<Req>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Req {
+        uid: String,
+        #[serde(default)]
+        operation: String,
+    }
+    let req = serde_json::from_slice::<Review>(body)
+        .ok()
+        .and_then(|r| r.request);
+    let (uid, operation) = req.map_or((String::new(), String::new()), |r| (r.uid, r.operation));
+    let out = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": { "uid": uid, "allowed": true },
+    });
+    Handled {
+        status: 200,
+        body: serde_json::to_vec(&out).unwrap_or_default(),
+        resource: ReviewResource::Other,
+        operation,
+        outcome: Outcome::FailedOpen,
+    }
+}
+
+/// `application/json`, any case, with or without parameters (`; charset=utf-8`).
+fn is_json(v: Option<&HeaderValue>) -> bool {
+    let Some(v) = v.and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let mime = v.split(';').next().unwrap_or("").trim();
+    mime.eq_ignore_ascii_case("application/json")
+}
+
+fn content_length(v: Option<&HeaderValue>) -> Result<Option<u64>, ()> {
+    match v {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(Some)
+            .ok_or(()),
+    }
+}
+
+async fn read_body(
+    mut body: Incoming,
+    limit: usize,
+    capacity: usize,
+    timeout: Duration,
+) -> Result<Vec<u8>, BodyError> {
+    let collect = async {
+        let mut buf = Vec::with_capacity(capacity.min(limit));
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(BodyError::Read)?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > limit {
+                    return Err(BodyError::TooLarge);
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(buf)
+    };
+    tokio::time::timeout(timeout, collect)
+        .await
+        .unwrap_or(Err(BodyError::TimedOut))
+}
+
+/// The API server's `timeout` query parameter, a Go duration such as `10s` or `1m30s`.
+fn query_timeout(query: &str) -> Option<Duration> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("timeout="))
+        .and_then(parse_go_duration)
+}
+
+fn parse_go_duration(s: &str) -> Option<Duration> {
+    let mut rest = s;
+    let mut total = Duration::ZERO;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let secs = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_end..];
+        total += Duration::try_from_secs_f64(value * secs).ok()?;
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_types() {
+        let ok = [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON;charset=UTF-8",
+        ];
+        for v in ok {
+            assert!(is_json(Some(&HeaderValue::from_static(v))), "{v}");
+        }
+        let bad = ["text/plain", "application/jsonx", "application/yaml", ""];
+        for v in bad {
+            assert!(!is_json(Some(&HeaderValue::from_static(v))), "{v}");
+        }
+        assert!(!is_json(None));
+    }
+
+    #[test]
+    fn go_durations() {
+        let cases = [
+            ("10s", Some(Duration::from_secs(10))),
+            ("2s", Some(Duration::from_secs(2))),
+            ("500ms", Some(Duration::from_millis(500))),
+            ("1m30s", Some(Duration::from_secs(90))),
+            ("1.5s", Some(Duration::from_millis(1500))),
+            ("", None),
+            ("10", None),
+            ("s", None),
+            ("-1s", None),
+        ];
+        for (s, want) in cases {
+            assert_eq!(parse_go_duration(s), want, "{s}");
+        }
+        assert_eq!(
+            query_timeout("a=b&timeout=5s"),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(query_timeout("a=b"), None);
+    }
+
+    #[test]
+    fn fail_open_keeps_uid() {
+        let h = fail_open(br#"{"request":{"uid":"abc","operation":"UPDATE"}}"#);
+        let v: serde_json::Value = serde_json::from_slice(&h.body).expect("json");
+        assert_eq!(v["response"]["uid"], "abc");
+        assert_eq!(v["response"]["allowed"], true);
+        assert_eq!(h.outcome, Outcome::FailedOpen);
+        let h = fail_open(b"not json");
+        assert_eq!(h.status, 200);
+    }
+}

@@ -1,0 +1,201 @@
+//! Policies from the OvercommitPolicy custom resources, through a kube-runtime watcher.
+//!
+//! Each object is validated on its own. An object that fails validation is refused with a log
+//! line and a metric; if an earlier version of the same object was valid, that version stays
+//! in use (an edit with a typo does not suddenly return every node to its raw value), and a
+//! new object that was never valid is not applied. Deleting an object removes it. The set is
+//! rebuilt from the valid versions after every change, never half-applied. The store is
+//! marked synced after the first complete list.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+
+use super::PolicyStore;
+use crate::metrics::{PolicySourceLabel, ReloadResult};
+use crate::policy::{OvercommitPolicy, PolicySet};
+
+/// The valid version in use for each object name.
+#[derive(Default)]
+pub struct CrdState {
+    in_use: BTreeMap<String, OvercommitPolicy>,
+    /// Objects listed since the last `Init`, before `InitDone` makes them current.
+    listing: Option<BTreeMap<String, OvercommitPolicy>>,
+}
+
+/// What applying an event did (for logs and tests).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The set of valid policies changed or was (re)listed: rebuild.
+    Rebuild,
+    /// Nothing to publish (listing in progress, or a refused object with no effect).
+    Nothing,
+}
+
+impl CrdState {
+    /// Apply one watcher event; returns whether the published set must be rebuilt.
+    /// `refused` is called with each object that fails validation and its reason.
+    pub fn apply(
+        &mut self,
+        event: Event<OvercommitPolicy>,
+        refused: &mut dyn FnMut(&str, &str),
+    ) -> Applied {
+        match event {
+            Event::Init => {
+                self.listing = Some(BTreeMap::new());
+                Applied::Nothing
+            }
+            Event::InitApply(p) => {
+                let name = p.name_any();
+                let keep = match validate(&p) {
+                    Ok(()) => Some(p),
+                    Err(reason) => {
+                        refused(&name, &reason);
+                        self.in_use.get(&name).cloned()
+                    }
+                };
+                if let (Some(listing), Some(p)) = (self.listing.as_mut(), keep) {
+                    listing.insert(name, p);
+                }
+                Applied::Nothing
+            }
+            Event::InitDone => {
+                if let Some(listing) = self.listing.take() {
+                    self.in_use = listing;
+                }
+                Applied::Rebuild
+            }
+            Event::Apply(p) => {
+                let name = p.name_any();
+                match validate(&p) {
+                    Ok(()) => {
+                        self.in_use.insert(name, p);
+                        Applied::Rebuild
+                    }
+                    Err(reason) => {
+                        refused(&name, &reason);
+                        Applied::Nothing
+                    }
+                }
+            }
+            Event::Delete(p) => {
+                if self.in_use.remove(&p.name_any()).is_some() {
+                    Applied::Rebuild
+                } else {
+                    Applied::Nothing
+                }
+            }
+        }
+    }
+
+    pub fn build(&self) -> Result<PolicySet, crate::policy::PolicyError> {
+        PolicySet::new(self.in_use.values().cloned().collect())
+    }
+}
+
+fn validate(p: &OvercommitPolicy) -> Result<(), String> {
+    PolicySet::new(vec![p.clone()])
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Watch every OvercommitPolicy until `stop` turns true.
+pub async fn run(client: kube::Client, store: PolicyStore, mut stop: watch::Receiver<bool>) {
+    let api: Api<OvercommitPolicy> = Api::all(client);
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let mut state = CrdState::default();
+    loop {
+        let event = tokio::select! {
+            e = events.next() => e,
+            _ = crate::server::turned_true(&mut stop) => return,
+        };
+        let event = match event {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => {
+                // The watcher retries with backoff; the last good set stays in use.
+                tracing::warn!(error = %e, "watching OvercommitPolicy failed; retrying");
+                store.count(PolicySourceLabel::crd, ReloadResult::error);
+                continue;
+            }
+            None => return,
+        };
+        let metrics = store.metrics.clone();
+        let mut refused = |name: &str, reason: &str| {
+            metrics.policies_refused.inc();
+            tracing::error!(policy = name, %reason, "OvercommitPolicy refused; not applied (an earlier valid version, if any, stays in use)");
+        };
+        if state.apply(event, &mut refused) == Applied::Rebuild {
+            match state.build() {
+                Ok(set) => {
+                    tracing::info!(policies = set.len(), "policies updated from the API server");
+                    store.publish(set, PolicySourceLabel::crd);
+                }
+                Err(e) => {
+                    store.count(PolicySourceLabel::crd, ReloadResult::error);
+                    tracing::error!(error = %e, "policy set refused; keeping the last good policies");
+                }
+            }
+        }
+    }
+}
+
+fn watcher(
+    api: Api<OvercommitPolicy>,
+    cfg: watcher::Config,
+) -> impl futures::Stream<Item = Result<Event<OvercommitPolicy>, watcher::Error>> {
+    watcher::watcher(api, cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::OvercommitPolicySpec;
+
+    fn policy(name: &str, priority: i32) -> OvercommitPolicy {
+        OvercommitPolicy::new(
+            name,
+            OvercommitPolicySpec {
+                priority,
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn listing_replaces_state_only_when_done() {
+        let mut s = CrdState::default();
+        let mut refused = |_: &str, _: &str| panic!("nothing refused");
+        assert_eq!(s.apply(Event::Init, &mut refused), Applied::Nothing);
+        assert_eq!(
+            s.apply(Event::InitApply(policy("a", 1)), &mut refused),
+            Applied::Nothing
+        );
+        assert_eq!(s.in_use.len(), 0);
+        assert_eq!(s.apply(Event::InitDone, &mut refused), Applied::Rebuild);
+        assert_eq!(s.in_use.len(), 1);
+        assert_eq!(
+            s.apply(Event::Apply(policy("b", 2)), &mut refused),
+            Applied::Rebuild
+        );
+        assert_eq!(
+            s.apply(Event::Delete(policy("a", 1)), &mut refused),
+            Applied::Rebuild
+        );
+        assert_eq!(
+            s.apply(Event::Delete(policy("zz", 1)), &mut refused),
+            Applied::Nothing
+        );
+        assert_eq!(s.in_use.keys().collect::<Vec<_>>(), vec!["b"]);
+        // A relist drops objects that disappeared meanwhile.
+        s.apply(Event::Init, &mut refused);
+        s.apply(Event::InitApply(policy("c", 1)), &mut refused);
+        s.apply(Event::InitDone, &mut refused);
+        assert_eq!(s.in_use.keys().collect::<Vec<_>>(), vec!["c"]);
+        assert_eq!(s.build().map(|p| p.len()).ok(), Some(1));
+    }
+}

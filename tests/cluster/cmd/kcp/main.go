@@ -1,0 +1,354 @@
+// Command kcp is a multi-call binary (like hyperkube) for a local Kubernetes control plane:
+// the Kubernetes code is compiled and linked once, and every component runs as a separate
+// process of this binary. See tests/cluster/README.md.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"kube-overcommit/tests/cluster/internal/components"
+	"kube-overcommit/tests/cluster/internal/fakenode"
+	"kube-overcommit/tests/cluster/internal/runfiles"
+	"kube-overcommit/tests/cluster/internal/secretvolume"
+	"kube-overcommit/tests/cluster/internal/services"
+	"kube-overcommit/tests/cluster/internal/supervisor"
+)
+
+const usage = `kcp: local Kubernetes control plane (etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager, fake kubelets) on 127.0.0.1.
+
+Usage: kcp <command> [flags]      (run dir: --run-dir, else $KCP_RUN_DIR, else $KCP_DEFAULT_RUN_DIR)
+
+  up [--nodes N] [--fake-node-arg=F]... [--apiserver-arg=F]... [--keep-data] [--timeout D]
+                    start everything in the background; return when ready
+  down              stop every process of the run dir (also after crashes)
+  status            show components and /readyz; exit 1 if not ready
+  restart <component> [--signal TERM|KILL] [--down-for D]
+                    stop a component (etcd, apiserver, scheduler, controller-manager,
+                    fake-nodes) and wait until the supervisor has it back
+  backend add|remove|list --namespace NS --service SVC [--port P] [--addr HOST:PORT] [--ready-url URL]
+                    webhook backends of a Service (the API server's service resolver)
+  fake-nodes [flags]        run fake kubelets (see kcp fake-nodes --help)
+  secret-volume [flags]     mirror a Secret into a directory like the kubelet
+  kubectl [args]            kubectl (KUBECONFIG defaults to <run dir>/kubeconfig)
+  etcd | apiserver | scheduler | controller-manager  [upstream flags]   one component
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	sub, args := os.Args[1], os.Args[2:]
+	var code int
+	switch sub {
+	case "apiserver":
+		code = components.APIServer(args)
+	case "scheduler":
+		code = components.Scheduler(args)
+	case "controller-manager":
+		code = components.ControllerManager(args)
+	case "kubectl":
+		code = components.Kubectl(args)
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+	default:
+		f, ok := commands[sub]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "kcp: unknown command %q\n\n%s", sub, usage)
+			os.Exit(2)
+		}
+		if err := f(args); err != nil {
+			fmt.Fprintf(os.Stderr, "kcp %s: %v\n", sub, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+var commands = map[string]func([]string) error{
+	"up":            cmdUp,
+	"supervise":     cmdSupervise,
+	"down":          cmdDown,
+	"status":        cmdStatus,
+	"restart":       cmdRestart,
+	"etcd":          cmdEtcd,
+	"fake-nodes":    cmdFakeNodes,
+	"secret-volume": cmdSecretVolume,
+	"backend":       cmdBackend,
+}
+
+func newFlags(name string) (*pflag.FlagSet, *string) {
+	fs := pflag.NewFlagSet("kcp "+name, pflag.ContinueOnError)
+	runDir := fs.String("run-dir", "", "run directory (default $KCP_RUN_DIR, else $KCP_DEFAULT_RUN_DIR)")
+	return fs, runDir
+}
+
+func upOptions(fs *pflag.FlagSet) func(runfiles.Dir) supervisor.Options {
+	nodes := fs.Int("nodes", 0, "fake nodes to run under the supervisor")
+	nodeArgs := fs.StringArray("fake-node-arg", nil, "flag for the supervised fake-nodes (repeatable), e.g. --fake-node-arg=--cpu=16")
+	apiArgs := fs.StringArray("apiserver-arg", nil, "extra kube-apiserver flag (repeatable)")
+	keep := fs.Bool("keep-data", false, "keep etcd data of an earlier run")
+	timeout := fs.Duration("timeout", 180*time.Second, "how long to wait for readiness")
+	return func(run runfiles.Dir) supervisor.Options {
+		return supervisor.Options{Run: run, Nodes: *nodes, FakeNodeArgs: *nodeArgs, APIServerArgs: *apiArgs,
+			KeepData: *keep, ReadyTimeout: *timeout}
+	}
+}
+
+func cmdUp(args []string) error {
+	fs, runDir := newFlags("up")
+	opts := upOptions(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	run, err := runfiles.Resolve(*runDir)
+	if err != nil {
+		return err
+	}
+	return supervisor.Up(opts(run), os.Stdout)
+}
+
+func cmdSupervise(args []string) error {
+	fs, runDir := newFlags("supervise")
+	opts := upOptions(fs)
+	fs.Lookup("timeout").Name = "timeout"
+	ready := fs.Duration("ready-timeout", 180*time.Second, "per-step readiness timeout")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	run, err := runfiles.Resolve(*runDir)
+	if err != nil {
+		return err
+	}
+	o := opts(run)
+	o.ReadyTimeout = *ready
+	return supervisor.Supervise(o)
+}
+
+func cmdDown(args []string) error {
+	fs, runDir := newFlags("down")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	run, err := runfiles.Resolve(*runDir)
+	if err != nil {
+		return err
+	}
+	return supervisor.Down(run, os.Stdout)
+}
+
+func cmdStatus(args []string) error {
+	fs, runDir := newFlags("status")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	run, err := runfiles.Resolve(*runDir)
+	if err != nil {
+		return err
+	}
+	return supervisor.Status(run, os.Stdout)
+}
+
+func cmdRestart(args []string) error {
+	fs, runDir := newFlags("restart")
+	sig := fs.String("signal", "TERM", "signal that stops the component: TERM (graceful) or KILL (crash)")
+	downFor := fs.Duration("down-for", 0, "keep the component down this long before the supervisor restarts it")
+	timeout := fs.Duration("timeout", 120*time.Second, "how long to wait for exit and for readiness")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("usage: kcp restart <%s>", strings.Join(supervisor.Components, "|"))
+	}
+	run, err := runfiles.Resolve(*runDir)
+	if err != nil {
+		return err
+	}
+	var s syscall.Signal
+	switch strings.ToUpper(strings.TrimPrefix(strings.ToUpper(*sig), "SIG")) {
+	case "TERM":
+		s = syscall.SIGTERM
+	case "KILL":
+		s = syscall.SIGKILL
+	case "INT":
+		s = syscall.SIGINT
+	default:
+		return fmt.Errorf("--signal %q: use TERM, INT or KILL", *sig)
+	}
+	return supervisor.Restart(run, fs.Arg(0), s, *downFor, *timeout, os.Stdout)
+}
+
+func cmdEtcd(args []string) error {
+	fs, _ := newFlags("etcd")
+	dataDir := fs.String("data-dir", "", "etcd data directory")
+	clientPort := fs.Int("client-port", 2379, "client port on 127.0.0.1")
+	peerPort := fs.Int("peer-port", 2380, "peer port on 127.0.0.1")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dataDir == "" {
+		return fmt.Errorf("--data-dir is required")
+	}
+	return components.Etcd(*dataDir, *clientPort, *peerPort)
+}
+
+func clientFor(kubeconfig string, run runfiles.Dir, qps float32) (*kubernetes.Clientset, error) {
+	if kubeconfig == "" {
+		kubeconfig = run.Kubeconfig()
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst = qps, int(qps*2)
+	cfg.UserAgent = "kcp-fake-kubelet"
+	return kubernetes.NewForConfig(cfg)
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+}
+
+func cmdFakeNodes(args []string) error {
+	fs, runDir := newFlags("fake-nodes")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig (default <run dir>/kubeconfig)")
+	count := fs.Int("count", 1, "number of nodes")
+	prefix := fs.String("prefix", "fake-node", "node name prefix; nodes are <prefix>-<index>")
+	startIndex := fs.Int("start-index", 0, "index of the first node")
+	cpu := fs.String("cpu", "8", "capacity cpu")
+	memory := fs.String("memory", "32Gi", "capacity memory")
+	pods := fs.String("pods", "110", "capacity pods")
+	eph := fs.String("ephemeral-storage", "100Gi", "capacity ephemeral-storage")
+	aCPU := fs.String("allocatable-cpu", "", "allocatable cpu (default: capacity)")
+	aMemory := fs.String("allocatable-memory", "", "allocatable memory (default: capacity)")
+	aPods := fs.String("allocatable-pods", "", "allocatable pods (default: capacity)")
+	aEph := fs.String("allocatable-ephemeral-storage", "", "allocatable ephemeral-storage (default: capacity)")
+	labels := fs.StringToString("labels", nil, "extra node labels k=v,k2=v2")
+	images := fs.Int("images", 0, "container images each node reports (a real node: ~50)")
+	update := fs.Duration("status-update-frequency", 10*time.Second, "kubelet nodeStatusUpdateFrequency")
+	report := fs.Duration("status-report-frequency", 5*time.Minute, "kubelet nodeStatusReportFrequency")
+	lease := fs.Duration("lease-duration", 40*time.Second, "node lease duration; renewed every quarter")
+	slow := fs.Duration("slow-threshold", 2*time.Second, "status writes slower than this count as slow")
+	anno := fs.String("mutated-annotation", "overcommit.dev/applied", "annotation that marks a mutated Node in a write's response")
+	statsFile := fs.String("stats-file", "", "stats JSON, rewritten every second (default <run dir>/stats/<prefix>.json)")
+	statsAddr := fs.String("stats-addr", "", "also serve GET /stats on this 127.0.0.1:PORT")
+	runPods := fs.Bool("run-pods", true, "mark pods bound to these nodes Running/Ready and finish their deletion")
+	deleteOnExit := fs.Bool("delete-on-exit", false, "delete the Node and Lease objects on exit")
+	qps := fs.Float32("qps", 500, "client QPS limit (shared by all nodes of this process)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *count < 0 || *update <= 0 || *report <= 0 || *lease < 4*time.Second {
+		return fmt.Errorf("bad --count/--status-update-frequency/--status-report-frequency/--lease-duration")
+	}
+	run, err := runfiles.Resolve(*runDir)
+	if err != nil {
+		return err
+	}
+	capacity, err := fakenode.ParseResources(map[string]string{"cpu": *cpu, "memory": *memory, "pods": *pods, "ephemeral-storage": *eph})
+	if err != nil {
+		return err
+	}
+	alloc, err := fakenode.ParseResources(map[string]string{"cpu": *aCPU, "memory": *aMemory, "pods": *aPods, "ephemeral-storage": *aEph})
+	if err != nil {
+		return err
+	}
+	for k, v := range capacity {
+		if _, ok := alloc[k]; !ok {
+			alloc[k] = v
+		}
+	}
+	client, err := clientFor(*kubeconfig, run, *qps)
+	if err != nil {
+		return err
+	}
+	if *statsFile == "" {
+		*statsFile = run.Stats(*prefix)
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	return fakenode.Run(ctx, fakenode.Config{
+		Client: client, Prefix: *prefix, Count: *count, StartIndex: *startIndex,
+		Shape:        fakenode.Shape{Capacity: capacity, Allocatable: alloc, Labels: *labels, Images: *images},
+		StatusUpdate: *update, StatusReport: *report, LeaseDuration: *lease, SlowThreshold: *slow,
+		MutatedAnno: *anno, StatsFile: *statsFile, StatsAddr: *statsAddr, RunPods: *runPods, DeleteOnExit: *deleteOnExit,
+	})
+}
+
+func cmdSecretVolume(args []string) error {
+	fs, runDir := newFlags("secret-volume")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig (default <run dir>/kubeconfig)")
+	ns := fs.String("namespace", "default", "namespace of the Secret")
+	name := fs.String("name", "", "name of the Secret")
+	dir := fs.String("dir", "", "directory to mirror into (the volume's mount point)")
+	delay := fs.Duration("delay", 0, "apply each change this long after seeing it")
+	mode := fs.Int32("mode", 0o644, "file mode (the volume's defaultMode)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *name == "" || *dir == "" {
+		return fmt.Errorf("--name and --dir are required")
+	}
+	run, err := runfiles.Resolve(*runDir)
+	if err != nil {
+		return err
+	}
+	client, err := clientFor(*kubeconfig, run, 20)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	return secretvolume.Run(ctx, secretvolume.Config{Client: client, Namespace: *ns, Name: *name, Dir: *dir, Delay: *delay, Mode: *mode})
+}
+
+func cmdBackend(args []string) error {
+	if len(args) < 1 {
+		return fmt.Errorf("usage: kcp backend add|remove|list --namespace NS --service SVC [--port P] [--addr HOST:PORT] [--ready-url URL]")
+	}
+	op := args[0]
+	fs, runDir := newFlags("backend " + op)
+	ns := fs.String("namespace", "", "namespace of the Service")
+	svc := fs.String("service", "", "name of the Service")
+	port := fs.Int32("port", 0, "Service port the backend serves (0: any)")
+	addr := fs.String("addr", "", "backend address 127.0.0.1:PORT")
+	ready := fs.String("ready-url", "", "URL whose 200 answer marks the backend ready (empty: always ready)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if *ns == "" || *svc == "" {
+		return fmt.Errorf("--namespace and --service are required")
+	}
+	run, err := runfiles.Resolve(*runDir)
+	if err != nil {
+		return err
+	}
+	switch op {
+	case "add":
+		return services.Add(run.Services(), *ns, *svc, services.Backend{Addr: *addr, Port: *port, ReadyURL: *ready})
+	case "remove":
+		if *addr == "" {
+			return fmt.Errorf("--addr is required")
+		}
+		return services.Remove(run.Services(), *ns, *svc, *addr, *port)
+	case "list":
+		bs, err := services.List(run.Services(), *ns, *svc)
+		for _, b := range bs {
+			fmt.Printf("%s port=%d ready=%s\n", b.Addr, b.Port, b.ReadyURL)
+		}
+		return err
+	default:
+		return fmt.Errorf("unknown backend operation %q (add, remove, list)", op)
+	}
+}

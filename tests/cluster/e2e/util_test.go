@@ -1,0 +1,5 @@
+package e2e
+
+import "errors"
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }

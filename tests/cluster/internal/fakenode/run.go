@@ -1,0 +1,321 @@
+package fakenode
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	nodeutil "k8s.io/component-helpers/node/util"
+	"k8s.io/utils/ptr"
+)
+
+// Config of a group of fake nodes.
+type Config struct {
+	Client        kubernetes.Interface
+	Prefix        string
+	Count         int
+	StartIndex    int
+	Shape         Shape
+	StatusUpdate  time.Duration // kubelet nodeStatusUpdateFrequency
+	StatusReport  time.Duration // kubelet nodeStatusReportFrequency
+	LeaseDuration time.Duration // renewed every quarter, as the kubelet does
+	SlowThreshold time.Duration
+	MutatedAnno   string
+	StatsFile     string
+	StatsAddr     string
+	RunPods       bool
+	DeleteOnExit  bool
+}
+
+// NodeName is the name of the i-th node of a group.
+func NodeName(prefix string, i int) string { return fmt.Sprintf("%s-%d", prefix, i) }
+
+// Run keeps the nodes alive until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	box := &statsBox{s: Stats{
+		Prefix: cfg.Prefix, Nodes: cfg.Count, PID: os.Getpid(), StartedAt: time.Now().UTC(),
+		SlowThreshold: cfg.SlowThreshold.String(), PerNode: map[string]*NodeStats{},
+	}}
+	names := make(map[string]bool, cfg.Count)
+	for i := 0; i < cfg.Count; i++ {
+		n := NodeName(cfg.Prefix, cfg.StartIndex+i)
+		names[n] = true
+		box.s.PerNode[n] = &NodeStats{}
+	}
+	var wg sync.WaitGroup
+	if cfg.StatsFile != "" {
+		wg.Add(1)
+		go func() { defer wg.Done(); publishStats(ctx, box, cfg.StatsFile) }()
+	}
+	if cfg.StatsAddr != "" {
+		if err := serveStats(ctx, box, cfg.StatsAddr); err != nil {
+			return err
+		}
+	}
+	if cfg.RunPods {
+		wg.Add(1)
+		go func() { defer wg.Done(); runPods(ctx, cfg.Client, names, box) }()
+	}
+	for name := range names {
+		wg.Add(1)
+		go func(name string) {
+			defer wg.Done()
+			k := &kubelet{cfg: cfg, name: name, box: box}
+			k.run(ctx)
+		}(name)
+	}
+	<-ctx.Done()
+	wg.Wait()
+	if cfg.DeleteOnExit {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		for name := range names {
+			_ = cfg.Client.CoreV1().Nodes().Delete(dctx, name, metav1.DeleteOptions{})
+			_ = cfg.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(dctx, name, metav1.DeleteOptions{})
+		}
+		cancel()
+	}
+	if cfg.StatsFile != "" {
+		_ = writeStats(box, cfg.StatsFile)
+	}
+	return nil
+}
+
+type kubelet struct {
+	cfg            Config
+	name           string
+	box            *statsBox
+	lastReportTime time.Time
+}
+
+func (k *kubelet) run(ctx context.Context) {
+	// Register until it works (the kubelet retries registration with backoff).
+	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 7*time.Second) {
+		if k.register(ctx) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+	go k.leaseLoop(ctx)
+	// Kubelets start at different times: spread the first status sync over one period.
+	first := time.Duration(rand.Int64N(int64(k.cfg.StatusUpdate)))
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(first):
+	}
+	t := time.NewTicker(k.cfg.StatusUpdate)
+	defer t.Stop()
+	for {
+		k.syncNodeStatus(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (k *kubelet) register(ctx context.Context) bool {
+	node := NewNode(k.name, k.cfg.Shape, metav1.Now())
+	start := time.Now()
+	created, err := k.cfg.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	lat := time.Since(start)
+	if apierrors.IsAlreadyExists(err) {
+		// Registered by an earlier run: the status loop reconciles it, as the kubelet does.
+		k.box.with(func(s *Stats) { s.Registrations.record(lat, k.cfg.SlowThreshold, nil, false, false) })
+		return true
+	}
+	k.box.with(func(s *Stats) {
+		s.Registrations.record(lat, k.cfg.SlowThreshold, err, created != nil && created.Annotations[k.cfg.MutatedAnno] != "", false)
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Printf("register %s: %v", k.name, err)
+		}
+		return false
+	}
+	k.lastReportTime = time.Now()
+	return true
+}
+
+// syncNodeStatus is the kubelet's updateNodeStatus: up to 5 tries of tryUpdateNodeStatus.
+func (k *kubelet) syncNodeStatus(ctx context.Context) {
+	for i := 0; i < 5; i++ {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := k.tryUpdateNodeStatus(ctx, i); err == nil {
+			return
+		}
+	}
+}
+
+func (k *kubelet) tryUpdateNodeStatus(ctx context.Context, try int) error {
+	opts := metav1.GetOptions{}
+	if try == 0 {
+		// The kubelet's first try reads from the API server's cache.
+		opts.ResourceVersion = "0"
+	}
+	node, err := k.cfg.Client.CoreV1().Nodes().Get(ctx, k.name, opts)
+	if err != nil {
+		k.box.with(func(s *Stats) { s.GetFailures++ })
+		if apierrors.IsNotFound(err) {
+			// Deleted under us: register again, like a kubelet whose node object vanished.
+			k.register(ctx)
+		}
+		return err
+	}
+	original := node.DeepCopy()
+	SetStatus(node, k.cfg.Shape, metav1.Now())
+	now := time.Now()
+	if now.Before(k.lastReportTime.Add(k.cfg.StatusReport)) && !StatusChanged(&original.Status, &node.Status) {
+		k.box.with(func(s *Stats) { s.Skipped++; s.PerNode[k.name].Skipped++ })
+		return nil
+	}
+	start := time.Now()
+	updated, _, err := nodeutil.PatchNodeStatus(k.cfg.Client.CoreV1(), types.NodeName(k.name), original, node)
+	lat := time.Since(start)
+	mutated := err == nil && updated.Annotations[k.cfg.MutatedAnno] != ""
+	k.box.with(func(s *Stats) {
+		s.StatusWrites.record(lat, k.cfg.SlowThreshold, err, mutated, apierrors.IsConflict(err))
+		ns := s.PerNode[k.name]
+		ns.StatusWrites++
+		if err != nil {
+			ns.Failures++
+		} else {
+			ns.LastWrite = time.Now().UTC().Format(time.RFC3339Nano)
+		}
+		if mutated {
+			ns.Mutated++
+		}
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Printf("patch status %s: %v", k.name, err)
+		}
+		return err
+	}
+	k.lastReportTime = now
+	return nil
+}
+
+// leaseLoop renews kube-node-lease/<node> every quarter of the lease duration.
+func (k *kubelet) leaseLoop(ctx context.Context) {
+	t := time.NewTicker(k.cfg.LeaseDuration / 4)
+	defer t.Stop()
+	for {
+		err := k.renewLease(ctx)
+		k.box.with(func(s *Stats) {
+			if err != nil {
+				s.LeaseFailures++
+			} else {
+				s.LeaseRenewals++
+			}
+		})
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (k *kubelet) renewLease(ctx context.Context) error {
+	leases := k.cfg.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	now := metav1.NewMicroTime(time.Now())
+	lease, err := leases.Get(ctx, k.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		node, nerr := k.cfg.Client.CoreV1().Nodes().Get(ctx, k.name, metav1.GetOptions{})
+		if nerr != nil {
+			return nerr
+		}
+		_, err = leases.Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: k.name, Namespace: corev1.NamespaceNodeLease,
+				OwnerReferences: []metav1.OwnerReference{{
+					APIVersion: "v1", Kind: "Node", Name: k.name, UID: node.UID,
+				}},
+			},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity:       ptr.To(k.name),
+				LeaseDurationSeconds: ptr.To(int32(k.cfg.LeaseDuration / time.Second)),
+				RenewTime:            &now,
+			},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	lease.Spec.RenewTime = &now
+	_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+	return err
+}
+
+func writeStats(box *statsBox, path string) error {
+	data, err := json.MarshalIndent(box.snapshot(), "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func publishStats(ctx context.Context, box *statsBox, path string) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		if err := writeStats(box, path); err != nil {
+			log.Printf("write stats: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func serveStats(ctx context.Context, box *statsBox, addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || (host != "127.0.0.1" && host != "localhost") {
+		return fmt.Errorf("--stats-addr %q must be 127.0.0.1:PORT", addr)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(box.snapshot())
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	go func() { <-ctx.Done(); _ = srv.Close() }()
+	return nil
+}
