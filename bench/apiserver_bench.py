@@ -30,6 +30,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "out"
 KCP = ROOT / "tests" / "cluster" / "kcp.sh"
+# The benchmark runs its own control plane in bench/out/kcp, apart from any other run dir.
+os.environ.setdefault("KCP_RUN_DIR", str(Path(__file__).resolve().parent / "out" / "kcp"))
 NAMESPACE = "overcommit-bench"
 SERVICE = "kube-overcommit-bench"
 WEBHOOK = "kube-overcommit-bench"

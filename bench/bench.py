@@ -36,6 +36,8 @@ OUT = HERE / "out"
 sys.path.insert(0, str(HERE))
 import equivalence  # noqa: E402
 
+# The benchmark runs its own control plane in bench/out/kcp, apart from any other run dir.
+os.environ.setdefault("KCP_RUN_DIR", str(Path(__file__).resolve().parent / "out" / "kcp"))
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kube-overcommit-bench"
 OHA_VERSION = os.environ.get("BENCH_OHA_VERSION", "")  # empty: the newest oha
 SERVER_CPU = os.environ.get("BENCH_SERVER_CPU", "1")
