@@ -154,7 +154,11 @@ def essence(obj: dict) -> dict:
 def describe(e) -> str:
     def conv(v):
         if isinstance(v, Fraction):
-            return str(v)
+            if v.denominator == 1:
+                return str(v.numerator)
+            from decimal import Decimal, getcontext
+            getcontext().prec = 40
+            return format(Decimal(v.numerator) / Decimal(v.denominator), "f")
         if isinstance(v, dict):
             return {k: conv(x) for k, x in v.items()}
         return v
