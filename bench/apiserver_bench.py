@@ -277,6 +277,10 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool) -> dict:
         sel = urllib.parse.quote("kcp.overcommit.dev/fake-node=true")
         wait_for(f"{nodes} fleet nodes", lambda: len([n for n in api.get(f"/api/v1/nodes?labelSelector={sel}")["items"]
                                                      if n["metadata"]["name"].startswith(FLEET_PREFIX)]) >= nodes, timeout=600, interval=2)
+        # Registration writes (first status, controller-manager taints and annotations) settle first.
+        warmup = 20 if quick else 60
+        log(f"fleet registered; {warmup}s warm-up")
+        time.sleep(warmup)
         for phase in ("off", "on"):
             if phase == "on":
                 webhook_on(api, tls, addr)

@@ -273,6 +273,8 @@ def check_equivalence(servers: list[Server], files: dict[str, Path], tls: Path) 
                 raise AssertionError(f"{s.name}: HTTP {status2} on its own output for {payload}")
             if equivalence.essence(equivalence.patched_object(again, json.loads(answer2))) != essences[s.name]:
                 raise AssertionError(f"{s.name}: its own output for {payload} was changed again (compounding)")
+        if not essences:
+            continue
         before = equivalence.essence(review["request"]["object"])
         first = essences[mutating[0].name]
         for name, e in essences.items():
@@ -292,7 +294,7 @@ def check_equivalence(servers: list[Server], files: dict[str, Path], tls: Path) 
 def oha_cmd(oha: Path, server: Server, payload: str, body_file: Path, tls: Path, *, conns: int,
             seconds: float | None = None, requests: int | None = None, rate: float | None = None) -> list[str]:
     cmd = [str(oha), "--no-tui", "--output-format", "json", "-m", "POST", "-T", "application/json", "-D", str(body_file),
-           "-c", str(conns), "--cacert", str(tls / "ca.crt")]
+           "-c", str(conns), "--cacert", str(tls / "ca.crt"), "--worker-threads", "1"]
     if seconds is not None:
         cmd += ["-z", f"{seconds}s"]
     if requests is not None:
@@ -444,7 +446,7 @@ def cmd_run(args) -> int:
     info = machine()
     info["oha"] = subprocess.run([oha, "--version"], capture_output=True, text=True).stdout.strip()
     results = {"machine": info, "payloads": {}, "servers": {}, "apiserver": None}
-    servers = make_servers(bins, tls, max_seconds=3 * 3600)
+    servers = [s for s in make_servers(bins, tls, max_seconds=3 * 3600) if not args.servers or s.name in args.servers.split(",")]
     try:
         start_all(servers, files, tls)
         results["payloads"] = check_equivalence(servers, files, tls)
@@ -516,6 +518,7 @@ def main() -> int:
     r.add_argument("--regenerate", action="store_true", help="rebuild every payload from the control plane")
     r.add_argument("--nodes", type=int, default=int(os.environ.get("BENCH_NODES", "1000")), help="fake nodes for the API server part")
     r.add_argument("--skip-apiserver", action="store_true")
+    r.add_argument("--servers", default="", help="comma-separated subset (development only)")
     s = sub.add_parser("smoke")
     s.add_argument("--requests", type=int, default=200)
     sub.add_parser("report")

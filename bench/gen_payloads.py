@@ -125,7 +125,9 @@ def node_review(stored: dict) -> dict:
     raw = stored["status"]["allocatable"]
     old = copy.deepcopy(stored)
     ann = old["metadata"].setdefault("annotations", {})
-    ann["overcommit.dev/raw-allocatable"] = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+    # As the product writes it: the kubelet's value of each inflated resource only.
+    inflated = {k: v for k, v in raw.items() if k in NODE_RATIOS}
+    ann["overcommit.dev/raw-allocatable"] = json.dumps(inflated, sort_keys=True, separators=(",", ":"))
     ann["overcommit.dev/applied"] = json.dumps({"policy": POLICY_NAME, "ratios": NODE_RATIOS}, sort_keys=True, separators=(",", ":"))
     old["status"]["allocatable"] = inflate(raw, NODE_RATIOS)
 

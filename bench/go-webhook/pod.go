@@ -58,7 +58,9 @@ func (d *PodCustomDefaulter) Default(ctx context.Context, obj runtime.Object) er
 	if req, err := admissionRequestFrom(ctx); err == nil && req.Namespace != "" {
 		namespace = req.Namespace
 	}
-	if namespace == "kube-system" || namespace == d.OwnNamespace || guaranteed(pod) {
+	// Left alone: kube-system, the webhook's own namespace, Guaranteed pods, and pods with
+	// pod-level resources (their containers' requests must fit them).
+	if namespace == "kube-system" || namespace == d.OwnNamespace || guaranteed(pod) || pod.Spec.Resources != nil {
 		return nil
 	}
 	rules := d.choose()
