@@ -26,13 +26,15 @@ test-e2e: release cluster-build
 # The kcp binary is cached in ~/.cache/kube-overcommit (keyed by go.mod/go.sum/sources); see tests/cluster/README.md.
 KCP := tests/cluster/kcp.sh
 CLUSTER_NODES ?= 3
+# A forgotten cluster stops by itself.
+CLUSTER_LIFETIME ?= 12h
 CLUSTER_TEST_TIMEOUT ?= 20m
 
 cluster-build:
 	$(KCP) build
 
 cluster-up: cluster-build
-	$(KCP) up --nodes $(CLUSTER_NODES)
+	$(KCP) up --nodes $(CLUSTER_NODES) --max-lifetime $(CLUSTER_LIFETIME)
 
 cluster-down:
 	@if [[ -x "$$($(KCP) path)" ]]; then $(KCP) down; else echo "kcp not built: nothing can be running"; fi

@@ -49,12 +49,21 @@ build() {
 		exit 1
 	fi
 	mv -f "$tmp" "$bin"
-	# Older binaries of this cache are stale once the sources changed.
-	find "$cache" -maxdepth 1 -name 'kcp-*' ! -name "kcp-$hash" ! -name '*.lock' -mmin +60 -delete 2>/dev/null || true
+	# Binaries no clone has used for a week are stale (each use touches its binary).
+	find "$cache" -maxdepth 1 -name 'kcp-*' ! -name "kcp-$hash" -mtime +7 -delete 2>/dev/null || true
 	echo "kcp: built in $((SECONDS - start))s: $bin" >&2
 }
 
 case "${1:-}" in
+down | status)
+	# Stopping must not wait for a rebuild after the sources changed: any cached kcp can do it.
+	if [[ ! -x "$bin" ]]; then
+		newest="$(ls -t "$cache"/kcp-* 2>/dev/null | grep -v '\.tmp\.' | head -1 || true)"
+		if [[ -n "$newest" && -x "$newest" ]]; then
+			bin="$newest"
+		fi
+	fi
+	;;
 path)
 	echo "$bin"
 	exit 0
@@ -66,6 +75,7 @@ build)
 	;;
 esac
 [[ -x "$bin" ]] || build
+touch -c "$bin" 2>/dev/null || true
 # The default run directory; an explicit --run-dir or $KCP_RUN_DIR wins (see runfiles.Resolve).
 export KCP_DEFAULT_RUN_DIR="$here/.run"
 exec "$bin" "$@"

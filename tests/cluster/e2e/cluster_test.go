@@ -176,9 +176,10 @@ func (w *webhookServer) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		if node.Annotations == nil {
 			patch = append(patch, map[string]any{"op": "add", "path": "/metadata/annotations", "value": map[string]string{}})
 		}
-		patch = append(patch,
-			map[string]any{"op": "add", "path": "/metadata/annotations/overcommit.dev~1applied", "value": "true"},
-			map[string]any{"op": "replace", "path": "/status/allocatable/cpu", "value": doubled.String()})
+		patch = append(patch, map[string]any{"op": "add", "path": "/metadata/annotations/overcommit.dev~1applied", "value": "true"})
+		if _, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
+			patch = append(patch, map[string]any{"op": "replace", "path": "/status/allocatable/cpu", "value": doubled.String()})
+		}
 		data, _ := json.Marshal(patch)
 		pt := admissionv1.PatchTypeJSONPatch
 		resp.Patch, resp.PatchType = data, &pt
@@ -304,7 +305,7 @@ func TestWebhookMutatesFakeNodeStatus(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if st.StatusWrites.Mutated < 2 {
+		if st.StatusWrites.Mutated < 2 || st.StatusWrites.Overridden < 2 {
 			return fmt.Errorf("fake node saw %d mutated status writes", st.StatusWrites.Mutated)
 		}
 		return nil
@@ -316,9 +317,13 @@ func TestWebhookMutatesFakeNodeStatus(t *testing.T) {
 		t.Errorf("TLS ServerName %v, want %s", got, svc+"."+ns+".svc")
 	}
 
-	// The backend turns unready: the resolver has no endpoint, the API server fails open
-	// (failurePolicy Ignore), the status write still succeeds and carries the kubelet's own value.
+	// The replica dies: it turns unready (the resolver has no endpoint left) and its connections
+	// close. The API server fails open (failurePolicy Ignore): the status write still succeeds
+	// and carries the kubelet's own value. (Unready alone is not enough: like kube-proxy, the
+	// resolver only picks backends for new connections, and the API server keeps its
+	// connections alive.)
 	ready.Store(false)
+	_ = srv.Close()
 	if err := shared.WaitBackendsReady(ns, svc, 0, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +344,7 @@ func TestWebhookMutatesFakeNodeStatus(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if st.StatusWrites.NotMutated == 0 || st.StatusWrites.Failures != before.StatusWrites.Failures {
+		if st.StatusWrites.NotOverridden == before.StatusWrites.NotOverridden || st.StatusWrites.Failures != before.StatusWrites.Failures {
 			return fmt.Errorf("status writes: %+v", st.StatusWrites)
 		}
 		return nil
@@ -524,5 +529,39 @@ func TestDownLeavesNothingAfterCrash(t *testing.T) {
 	var ee *exec.ExitError
 	if !errorsAs(err, &ee) || ee.ExitCode() != 1 {
 		t.Fatalf("pgrep: %v %s", err, bytes.TrimSpace(out))
+	}
+}
+
+// A control plane whose owner died (a test binary killed by its -timeout) stops by itself.
+func TestStopsWhenOwnerGone(t *testing.T) {
+	bin, err := harness.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := exec.Command("sleep", "300")
+	if err := owner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	run := runfiles.Dir(t.TempDir())
+	t.Cleanup(func() {
+		_ = owner.Process.Kill()
+		_ = exec.Command(bin, "down", "--run-dir="+string(run)).Run()
+	})
+	out, err := exec.Command(bin, "up", "--run-dir="+string(run), fmt.Sprintf("--exit-with-pid=%d", owner.Process.Pid)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kcp up: %v\n%s", err, out)
+	}
+	if n := len(run.Processes()); n != 5 {
+		t.Fatalf("want 5 processes, got %v", run.Processes())
+	}
+	_ = owner.Process.Kill()
+	_, _ = owner.Process.Wait()
+	if err := harness.Eventually(30*time.Second, 100*time.Millisecond, func() error {
+		if left := run.Processes(); len(left) > 0 {
+			return fmt.Errorf("still running: %v", left)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -150,7 +150,10 @@ func New(opts Options) (*Cluster, error) {
 		opts.ReadyTimeout = 3 * time.Minute
 	}
 	c := &Cluster{RunDir: string(run), Kubeconfig: run.Kubeconfig(), bin: bin}
-	args := []string{"up", fmt.Sprintf("--nodes=%d", opts.Nodes), "--timeout=" + opts.ReadyTimeout.String(), "--fake-node-arg=--prefix=node"}
+	// --exit-with-pid: a test binary killed by its -timeout never runs its cleanup; the
+	// control plane then stops by itself.
+	args := []string{"up", fmt.Sprintf("--nodes=%d", opts.Nodes), "--timeout=" + opts.ReadyTimeout.String(),
+		"--fake-node-arg=--prefix=node", fmt.Sprintf("--exit-with-pid=%d", os.Getpid())}
 	for _, a := range opts.FakeNodeArgs {
 		args = append(args, "--fake-node-arg="+a)
 	}

@@ -30,6 +30,7 @@ kube-controller-manager, fake kubelets) on 127.0.0.1.
 Usage: kcp <command> [flags]      (run dir: --run-dir, else $KCP_RUN_DIR, else $KCP_DEFAULT_RUN_DIR)
 
   up [--nodes N] [--fake-node-arg=F]... [--apiserver-arg=F]... [--keep-data] [--timeout D]
+     [--max-lifetime D] [--exit-with-pid PID]
                     start everything in the background; return when ready
   down              stop every process of the run dir (also after crashes)
   status            show components and /readyz; exit 1 if not ready
@@ -100,9 +101,11 @@ func upOptions(fs *pflag.FlagSet) func(runfiles.Dir) supervisor.Options {
 	apiArgs := fs.StringArray("apiserver-arg", nil, "extra kube-apiserver flag (repeatable)")
 	keep := fs.Bool("keep-data", false, "keep etcd data of an earlier run")
 	timeout := fs.Duration("timeout", 180*time.Second, "how long to wait for readiness")
+	exitWith := fs.Int("exit-with-pid", 0, "stop the control plane when this process is gone (tests pass their own pid)")
+	lifetime := fs.Duration("max-lifetime", 0, "stop the control plane after this long (0: until kcp down)")
 	return func(run runfiles.Dir) supervisor.Options {
 		return supervisor.Options{Run: run, Nodes: *nodes, FakeNodeArgs: *nodeArgs, APIServerArgs: *apiArgs,
-			KeepData: *keep, ReadyTimeout: *timeout}
+			KeepData: *keep, ReadyTimeout: *timeout, ExitWithPID: *exitWith, MaxLifetime: *lifetime}
 	}
 }
 
@@ -122,7 +125,6 @@ func cmdUp(args []string) error {
 func cmdSupervise(args []string) error {
 	fs, runDir := newFlags("supervise")
 	opts := upOptions(fs)
-	fs.Lookup("timeout").Name = "timeout"
 	ready := fs.Duration("ready-timeout", 180*time.Second, "per-step readiness timeout")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -140,11 +141,12 @@ func (k *kubelet) register(ctx context.Context) bool {
 	lat := time.Since(start)
 	if apierrors.IsAlreadyExists(err) {
 		// Registered by an earlier run: the status loop reconciles it, as the kubelet does.
-		k.box.with(func(s *Stats) { s.Registrations.record(lat, k.cfg.SlowThreshold, nil, false, false) })
+		k.box.with(func(s *Stats) { s.Registrations.record(lat, k.cfg.SlowThreshold, nil, false, false, false) })
 		return true
 	}
 	k.box.with(func(s *Stats) {
-		s.Registrations.record(lat, k.cfg.SlowThreshold, err, created != nil && created.Annotations[k.cfg.MutatedAnno] != "", false)
+		s.Registrations.record(lat, k.cfg.SlowThreshold, err, err == nil && created.Annotations[k.cfg.MutatedAnno] != "",
+			err == nil && !apiequality.Semantic.DeepEqual(created.Status.Allocatable, node.Status.Allocatable), false)
 	})
 	if err != nil {
 		if ctx.Err() == nil {
@@ -176,11 +178,9 @@ func (k *kubelet) tryUpdateNodeStatus(ctx context.Context, try int) error {
 	}
 	node, err := k.cfg.Client.CoreV1().Nodes().Get(ctx, k.name, opts)
 	if err != nil {
+		// A first read from the API server's cache may miss a node created a moment ago; the
+		// next try reads from etcd. Like the kubelet, never register again once registered.
 		k.box.with(func(s *Stats) { s.GetFailures++ })
-		if apierrors.IsNotFound(err) {
-			// Deleted under us: register again, like a kubelet whose node object vanished.
-			k.register(ctx)
-		}
 		return err
 	}
 	original := node.DeepCopy()
@@ -194,8 +194,9 @@ func (k *kubelet) tryUpdateNodeStatus(ctx context.Context, try int) error {
 	updated, _, err := nodeutil.PatchNodeStatus(k.cfg.Client.CoreV1(), types.NodeName(k.name), original, node)
 	lat := time.Since(start)
 	mutated := err == nil && updated.Annotations[k.cfg.MutatedAnno] != ""
+	overridden := err == nil && !apiequality.Semantic.DeepEqual(updated.Status.Allocatable, node.Status.Allocatable)
 	k.box.with(func(s *Stats) {
-		s.StatusWrites.record(lat, k.cfg.SlowThreshold, err, mutated, apierrors.IsConflict(err))
+		s.StatusWrites.record(lat, k.cfg.SlowThreshold, err, mutated, overridden, apierrors.IsConflict(err))
 		ns := s.PerNode[k.name]
 		ns.StatusWrites++
 		if err != nil {

@@ -16,6 +16,11 @@ type WriteStats struct {
 	// Mutated counts successful writes whose returned Node carried the mutation annotation.
 	Mutated    int64 `json:"mutated"`
 	NotMutated int64 `json:"notMutated"`
+	// Overridden counts successful writes whose returned status.allocatable differs from the
+	// one the fake kubelet sent (the webhook's effect, whatever the annotations say; an
+	// annotation set once stays on the Node after the webhook stops mutating).
+	Overridden    int64 `json:"overridden"`
+	NotOverridden int64 `json:"notOverridden"`
 	// X509Errors and WebhookErrors count failures whose message names a certificate problem or
 	// a webhook (visible only with failurePolicy Fail; with Ignore the API server hides them).
 	X509Errors     int64   `json:"x509Errors"`
@@ -26,7 +31,7 @@ type WriteStats struct {
 	LastErrorAt    string  `json:"lastErrorAt,omitempty"`
 }
 
-func (w *WriteStats) record(latency, slowThreshold time.Duration, err error, mutated bool, conflict bool) {
+func (w *WriteStats) record(latency, slowThreshold time.Duration, err error, mutated, overridden, conflict bool) {
 	w.Attempts++
 	ms := float64(latency) / float64(time.Millisecond)
 	w.TotalLatencyMs += ms
@@ -59,6 +64,11 @@ func (w *WriteStats) record(latency, slowThreshold time.Duration, err error, mut
 		w.Mutated++
 	} else {
 		w.NotMutated++
+	}
+	if overridden {
+		w.Overridden++
+	} else {
+		w.NotOverridden++
 	}
 }
 

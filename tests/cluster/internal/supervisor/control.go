@@ -48,6 +48,12 @@ func Up(opts Options, out io.Writer) error {
 	if opts.KeepData {
 		args = append(args, "--keep-data")
 	}
+	if opts.ExitWithPID > 0 {
+		args = append(args, "--exit-with-pid="+strconv.Itoa(opts.ExitWithPID))
+	}
+	if opts.MaxLifetime > 0 {
+		args = append(args, "--max-lifetime="+opts.MaxLifetime.String())
+	}
 	for _, a := range opts.FakeNodeArgs {
 		args = append(args, "--fake-node-arg="+a)
 	}
@@ -110,7 +116,9 @@ func Down(run runfiles.Dir, out io.Writer) error {
 			_ = syscall.Kill(p.PID, syscall.SIGTERM)
 		}
 	}
-	waitGone(procs, 20*time.Second)
+	if len(supervisors) > 0 {
+		waitGone(procs, 20*time.Second)
+	}
 	for _, p := range procs {
 		if runfiles.Alive(p.PID) {
 			_ = syscall.Kill(p.PID, syscall.SIGTERM)
@@ -127,6 +135,7 @@ func Down(run runfiles.Dir, out io.Writer) error {
 	left := run.Processes()
 	cleanPids(run)
 	_ = os.Remove(run.Kubeconfig())
+	_ = os.Remove(run.State())
 	if len(left) > 0 {
 		return fmt.Errorf("processes still running after SIGKILL: %v", left)
 	}
