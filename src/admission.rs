@@ -3,7 +3,30 @@
 //!
 //! INTERFACE CONTRACT (the server calls exactly this):
 //! `handle(body, &policies, &settings) -> Handled`.
+//!
+//! - A body that is not an admission.k8s.io/v1 AdmissionReview with a request and a uid:
+//!   status 400, a Kubernetes `Status` JSON with the reason, outcome `BadRequest`.
+//! - Every valid review: status 200 and `allowed: true`, the request's uid echoed. A review of a
+//!   node is never refused. Any error inside (an unreadable object, a quantity that does not
+//!   parse, even a bug that panics) answers allowed with no patch: outcome `FailedOpen`;
+//!   `handle_with_reason` also returns the reason, for the log.
+//! - Nodes: `CREATE nodes` and `UPDATE nodes/status` go through `inflate`; pods: `CREATE pods`
+//!   through `pods`; anything else is allowed unchanged.
+//!
+//! Speed: a node review carries the whole Node twice (20-200 KB). Only the fields the rules
+//! read are deserialised (labels, annotations, allocatable, capacity, container resources),
+//! borrowed from the body where possible; everything else (images, conditions, managedFields)
+//! is skipped by serde without being built.
 
+use std::borrow::Cow;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use crate::inflate::{self, NodeDecision, NodeView, StrMap};
+use crate::patch::{self, PatchOp};
+use crate::pods::{self, PodDecision, PodSpecIn};
 use crate::policy::PolicySet;
 
 /// Settings that are not policies (namespace of the webhook itself, ...).
@@ -21,6 +44,16 @@ pub enum ReviewResource {
     Other,
 }
 
+impl ReviewResource {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ReviewResource::Node => "node",
+            ReviewResource::Pod => "pod",
+            ReviewResource::Other => "other",
+        }
+    }
+}
+
 /// What happened to a review (a metrics label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
@@ -28,6 +61,17 @@ pub enum Outcome {
     Unchanged,
     FailedOpen,
     BadRequest,
+}
+
+impl Outcome {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Patched => "patched",
+            Outcome::Unchanged => "unchanged",
+            Outcome::FailedOpen => "failed-open",
+            Outcome::BadRequest => "bad-request",
+        }
+    }
 }
 
 /// The answer for one request body.
@@ -42,7 +86,521 @@ pub struct Handled {
     pub outcome: Outcome,
 }
 
-/// Handle one request body. Never panics on any input.
-pub fn handle(_body: &[u8], _policies: &PolicySet, _settings: &Settings) -> Handled {
-    unimplemented!("issue 3: core helper")
+// ---- what is read from a review -------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct ReviewIn<'a> {
+    #[serde(rename = "apiVersion", borrow, default)]
+    api_version: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    request: Option<RequestIn<'a>>,
 }
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestIn<'a> {
+    #[serde(borrow, default)]
+    uid: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    kind: Option<KindIn<'a>>,
+    #[serde(borrow, default)]
+    resource: Option<ResourceIn<'a>>,
+    #[serde(borrow, default)]
+    sub_resource: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    namespace: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    operation: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    object: Option<ObjectIn<'a>>,
+    #[serde(borrow, default)]
+    old_object: Option<OldObjectIn<'a>>,
+}
+
+/// The same envelope with the objects skipped: to answer (fail open) a review whose object
+/// could not be read.
+#[derive(Deserialize)]
+struct EnvelopeIn<'a> {
+    #[serde(rename = "apiVersion", borrow, default)]
+    api_version: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    request: Option<RequestEnvelopeIn<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestEnvelopeIn<'a> {
+    #[serde(borrow, default)]
+    uid: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    kind: Option<KindIn<'a>>,
+    #[serde(borrow, default)]
+    resource: Option<ResourceIn<'a>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    namespace: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    operation: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize, Default)]
+struct KindIn<'a> {
+    #[serde(borrow, default)]
+    group: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    kind: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize, Default)]
+struct ResourceIn<'a> {
+    #[serde(borrow, default)]
+    group: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    resource: Option<Cow<'a, str>>,
+}
+
+/// A Node or a Pod: the fields of both rules (a node has no containers, a pod no allocatable).
+#[derive(Deserialize)]
+struct ObjectIn<'a> {
+    #[serde(borrow, default)]
+    metadata: Option<MetaIn<'a>>,
+    #[serde(borrow, default)]
+    spec: Option<PodSpecIn<'a>>,
+    #[serde(borrow, default)]
+    status: Option<NodeStatusIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct OldObjectIn<'a> {
+    #[serde(borrow, default)]
+    metadata: Option<OldMetaIn<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+struct MetaIn<'a> {
+    #[serde(borrow, default)]
+    namespace: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    labels: Option<StrMap<'a>>,
+    #[serde(borrow, default)]
+    annotations: Option<StrMap<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+struct OldMetaIn<'a> {
+    #[serde(borrow, default)]
+    annotations: Option<StrMap<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+struct NodeStatusIn<'a> {
+    #[serde(borrow, default)]
+    allocatable: Option<StrMap<'a>>,
+    #[serde(borrow, default)]
+    capacity: Option<StrMap<'a>>,
+}
+
+// ---- what is written back ---------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct ReviewOut<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    kind: &'static str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusOut<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    status: &'static str,
+    message: &'a str,
+    reason: &'static str,
+    code: u16,
+}
+
+const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+
+// ---- the decision -----------------------------------------------------------------------------
+
+/// What a rule decided for one review.
+#[derive(Debug)]
+pub enum Decision {
+    Node(NodeDecision),
+    Pod(PodDecision),
+    /// Not a review this webhook changes (a Lease sent by mistake, a DELETE, ...).
+    NotMutated(String),
+}
+
+impl Decision {
+    fn patch(&self) -> &[PatchOp] {
+        match self {
+            Decision::Node(d) => &d.patch,
+            Decision::Pod(d) => &d.patch,
+            Decision::NotMutated(_) => &[],
+        }
+    }
+
+    /// A short human account of the decision, ending with the patch.
+    pub fn explain(&self) -> String {
+        let mut out = match self {
+            Decision::Node(d) => d.explain(),
+            Decision::Pod(d) => d.explain(),
+            Decision::NotMutated(why) => return format!("{why}: allowed unchanged\n"),
+        };
+        if self.patch().is_empty() {
+            out.push_str("patch: none (already as it should be)\n");
+        } else {
+            out.push_str("patch:\n");
+        }
+        for op in self.patch() {
+            let line = match op {
+                PatchOp::Add { path, value } => format!("  add {path} = {value}\n"),
+                PatchOp::Replace { path, value } => format!("  replace {path} = {value}\n"),
+                PatchOp::Remove { path } => format!("  remove {path}\n"),
+            };
+            out.push_str(&line);
+        }
+        out
+    }
+}
+
+/// Handle one request body. Never panics on any input.
+pub fn handle(body: &[u8], policies: &PolicySet, settings: &Settings) -> Handled {
+    handle_with_reason(body, policies, settings).0
+}
+
+/// `handle`, plus for `FailedOpen` and `BadRequest` what went wrong (which object, why), for
+/// the log. The reason holds no secret material: names, resource names and quantities.
+pub fn handle_with_reason(
+    body: &[u8],
+    policies: &PolicySet,
+    settings: &Settings,
+) -> (Handled, Option<String>) {
+    let request = match parse(body) {
+        Parsed::Review(request) => request,
+        Parsed::Unreadable {
+            uid,
+            resource,
+            operation,
+            reason,
+        } => {
+            return fail_open(&uid, resource, operation, reason);
+        }
+        Parsed::Bad(message) => return bad_request(&message),
+    };
+    let uid = request.uid.as_deref().unwrap_or_default();
+    let resource = classify(request.kind.as_ref(), request.resource.as_ref());
+    let operation = request.operation.as_deref().unwrap_or_default().to_string();
+    let decided = catch_unwind(AssertUnwindSafe(|| {
+        decide_request(&request, resource, policies, settings)
+    }));
+    let decision = match decided {
+        Ok(Ok(decision)) => decision,
+        Ok(Err(reason)) => return fail_open(uid, resource, operation, describe(&request, &reason)),
+        Err(_) => {
+            return fail_open(
+                uid,
+                resource,
+                operation,
+                describe(&request, "internal error (panic)"),
+            );
+        }
+    };
+    let ops = decision.patch();
+    if ops.is_empty() {
+        return (
+            answer(uid, resource, operation, None, Outcome::Unchanged),
+            None,
+        );
+    }
+    match patch::to_json(ops) {
+        Ok(json) => {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(json);
+            (
+                answer(uid, resource, operation, Some(encoded), Outcome::Patched),
+                None,
+            )
+        }
+        Err(e) => fail_open(
+            uid,
+            resource,
+            operation,
+            describe(&request, &format!("patch: {e}")),
+        ),
+    }
+}
+
+/// The decision for a review (for `review --explain`), or why there is none.
+pub fn explain(body: &[u8], policies: &PolicySet, settings: &Settings) -> Result<Decision, String> {
+    match parse(body) {
+        Parsed::Review(request) => {
+            let resource = classify(request.kind.as_ref(), request.resource.as_ref());
+            decide_request(&request, resource, policies, settings)
+                .map_err(|e| describe(&request, &e))
+        }
+        Parsed::Unreadable { reason, .. } => Err(reason),
+        Parsed::Bad(message) => Err(message),
+    }
+}
+
+enum Parsed<'a> {
+    Review(Box<RequestIn<'a>>),
+    /// A valid review whose objects could not be read: answered allowed, unchanged.
+    Unreadable {
+        uid: String,
+        resource: ReviewResource,
+        operation: String,
+        reason: String,
+    },
+    Bad(String),
+}
+
+fn parse(body: &[u8]) -> Parsed<'_> {
+    let check_envelope = |api_version: Option<&str>,
+                          kind: Option<&str>,
+                          uid: Option<&str>|
+     -> Result<(), String> {
+        if api_version != Some(REVIEW_API_VERSION) || kind != Some("AdmissionReview") {
+            return Err(format!(
+                "expected apiVersion {REVIEW_API_VERSION} and kind AdmissionReview, found {:?} {:?}",
+                api_version.unwrap_or_default(),
+                kind.unwrap_or_default()
+            ));
+        }
+        match uid {
+            Some(uid) if !uid.is_empty() => Ok(()),
+            Some(_) => Err("request.uid is empty".to_string()),
+            None => Err("AdmissionReview has no request.uid".to_string()),
+        }
+    };
+    match serde_json::from_slice::<ReviewIn<'_>>(body) {
+        Ok(review) => {
+            let uid = review.request.as_ref().and_then(|r| r.uid.as_deref());
+            if let Err(message) =
+                check_envelope(review.api_version.as_deref(), review.kind.as_deref(), uid)
+            {
+                return Parsed::Bad(message);
+            }
+            match review.request {
+                Some(request) => Parsed::Review(Box::new(request)),
+                None => Parsed::Bad("AdmissionReview has no request".to_string()),
+            }
+        }
+        Err(object_error) => match serde_json::from_slice::<EnvelopeIn<'_>>(body) {
+            Ok(envelope) => {
+                let request = envelope.request;
+                let uid = request.as_ref().and_then(|r| r.uid.as_deref());
+                if let Err(message) = check_envelope(
+                    envelope.api_version.as_deref(),
+                    envelope.kind.as_deref(),
+                    uid,
+                ) {
+                    return Parsed::Bad(message);
+                }
+                let Some(request) = request else {
+                    return Parsed::Bad("AdmissionReview has no request".to_string());
+                };
+                Parsed::Unreadable {
+                    uid: request.uid.as_deref().unwrap_or_default().to_string(),
+                    resource: classify(request.kind.as_ref(), request.resource.as_ref()),
+                    operation: request.operation.as_deref().unwrap_or_default().to_string(),
+                    reason: describe_object(
+                        request.name.as_deref(),
+                        request.namespace.as_deref(),
+                        &format!("object unreadable: {object_error}"),
+                    ),
+                }
+            }
+            Err(e) => Parsed::Bad(format!("body is not an AdmissionReview: {e}")),
+        },
+    }
+}
+
+fn classify(kind: Option<&KindIn<'_>>, resource: Option<&ResourceIn<'_>>) -> ReviewResource {
+    let core =
+        |group: Option<&Cow<'_, str>>| group.map(|g| g.as_ref()).unwrap_or_default().is_empty();
+    let by_resource = resource
+        .filter(|r| core(r.group.as_ref()))
+        .and_then(|r| r.resource.as_deref());
+    let by_kind = kind
+        .filter(|k| core(k.group.as_ref()))
+        .and_then(|k| k.kind.as_deref());
+    match (by_resource, by_kind) {
+        (Some("nodes"), _) | (None, Some("Node")) => ReviewResource::Node,
+        (Some("pods"), _) | (None, Some("Pod")) => ReviewResource::Pod,
+        _ => ReviewResource::Other,
+    }
+}
+
+fn decide_request(
+    request: &RequestIn<'_>,
+    resource: ReviewResource,
+    policies: &PolicySet,
+    settings: &Settings,
+) -> Result<Decision, String> {
+    let operation = request.operation.as_deref().unwrap_or_default();
+    let sub_resource = request.sub_resource.as_deref().unwrap_or_default();
+    match (resource, operation, sub_resource) {
+        (ReviewResource::Node, "CREATE", "") | (ReviewResource::Node, "UPDATE", "status") => {
+            let Some(object) = request.object.as_ref() else {
+                return Err("node review without an object".to_string());
+            };
+            let node = node_view(object);
+            let stored_annotations = request
+                .old_object
+                .as_ref()
+                .and_then(|old| old.metadata.as_ref())
+                .and_then(|m| m.annotations.as_ref());
+            let stored = stored_annotations.map(|annotations| NodeView {
+                has_metadata: true,
+                annotations: Some(annotations),
+                ..NodeView::default()
+            });
+            inflate::decide(&node, stored.as_ref(), policies)
+                .map(Decision::Node)
+                .map_err(|e| e.to_string())
+        }
+        (ReviewResource::Pod, "CREATE", "") => {
+            let object = request.object.as_ref();
+            let namespace = request
+                .namespace
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .or_else(|| object.and_then(|o| o.metadata.as_ref()?.namespace.as_deref()))
+                .unwrap_or_default();
+            let spec = object.and_then(|o| o.spec.as_ref());
+            pods::decide(namespace, &settings.own_namespace, spec, policies)
+                .map(Decision::Pod)
+                .map_err(|e| e.to_string())
+        }
+        (resource, operation, sub_resource) => {
+            let what = match sub_resource {
+                "" => format!("{operation} {}", resource.as_str()),
+                sub => format!("{operation} {}/{sub}", resource.as_str()),
+            };
+            Ok(Decision::NotMutated(format!("{what} is not mutated")))
+        }
+    }
+}
+
+fn node_view<'v>(object: &'v ObjectIn<'v>) -> NodeView<'v> {
+    let metadata = object.metadata.as_ref();
+    let status = object.status.as_ref();
+    NodeView {
+        has_metadata: metadata.is_some(),
+        labels: metadata.and_then(|m| m.labels.as_ref()),
+        annotations: metadata.and_then(|m| m.annotations.as_ref()),
+        allocatable: status.and_then(|s| s.allocatable.as_ref()),
+        capacity: status.and_then(|s| s.capacity.as_ref()),
+    }
+}
+
+/// The reason, with which object it was about.
+fn describe(request: &RequestIn<'_>, reason: &str) -> String {
+    describe_object(
+        request.name.as_deref(),
+        request.namespace.as_deref(),
+        reason,
+    )
+}
+
+fn describe_object(name: Option<&str>, namespace: Option<&str>, reason: &str) -> String {
+    let name = name.unwrap_or_default();
+    match namespace.filter(|n| !n.is_empty()) {
+        Some(namespace) => format!("{namespace}/{name}: {reason}"),
+        None if !name.is_empty() => format!("{name}: {reason}"),
+        None => reason.to_string(),
+    }
+}
+
+fn answer(
+    uid: &str,
+    resource: ReviewResource,
+    operation: String,
+    patch: Option<String>,
+    outcome: Outcome,
+) -> Handled {
+    let review = ReviewOut {
+        api_version: REVIEW_API_VERSION,
+        kind: "AdmissionReview",
+        response: ResponseOut {
+            uid,
+            allowed: true,
+            patch_type: patch.as_ref().map(|_| "JSONPatch"),
+            patch,
+        },
+    };
+    // Serialising these plain structs cannot fail; if it ever did, the fallback is still an
+    // allowed answer for this uid.
+    let body = serde_json::to_vec(&review).unwrap_or_else(|_| {
+        format!(
+            r#"{{"apiVersion":"{REVIEW_API_VERSION}","kind":"AdmissionReview","response":{{"uid":{},"allowed":true}}}}"#,
+            serde_json::Value::String(uid.to_string())
+        )
+        .into_bytes()
+    });
+    Handled {
+        status: 200,
+        body,
+        resource,
+        operation,
+        outcome,
+    }
+}
+
+fn fail_open(
+    uid: &str,
+    resource: ReviewResource,
+    operation: String,
+    reason: String,
+) -> (Handled, Option<String>) {
+    (
+        answer(uid, resource, operation, None, Outcome::FailedOpen),
+        Some(reason),
+    )
+}
+
+fn bad_request(message: &str) -> (Handled, Option<String>) {
+    let status = StatusOut {
+        api_version: "v1",
+        kind: "Status",
+        status: "Failure",
+        message,
+        reason: "BadRequest",
+        code: 400,
+    };
+    let body =
+        serde_json::to_vec(&status).unwrap_or_else(|_| br#"{"kind":"Status","code":400}"#.to_vec());
+    let handled = Handled {
+        status: 400,
+        body,
+        resource: ReviewResource::Other,
+        operation: String::new(),
+        outcome: Outcome::BadRequest,
+    };
+    (handled, Some(message.to_string()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -26,6 +26,10 @@ pub struct Cli {
 pub enum Command {
     /// Serve the admission webhook (HTTPS) and the probe/metrics port (HTTP).
     Serve(Box<ServeArgs>),
+    /// Print the AdmissionReview response `serve` would give for a review: try policies offline.
+    Review(crate::review::ReviewArgs),
+    /// Print the OvercommitPolicy CustomResourceDefinition (YAML).
+    Crd,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -75,5 +79,7 @@ pub fn main() -> anyhow::Result<()> {
             rt.shutdown_timeout(Duration::from_millis(100));
             res
         }
+        Command::Review(args) => crate::review::run(&args),
+        Command::Crd => crate::review::run_crd(),
     }
 }

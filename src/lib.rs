@@ -1,7 +1,7 @@
 //! kube-overcommit: a mutating admission webhook that makes chosen nodes look larger
 //! to the scheduler. See design.md for the architecture; module map:
 //!
-//! pure (no tokio, no kube client, no I/O): `policy`, `inflate`, `pods`, `admission`
+//! pure (no tokio, no kube client, no I/O): `policy`, `quantity`, `inflate`, `pods`, `patch`, `admission`
 //! I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`
 #![forbid(unsafe_code)]
 
@@ -10,8 +10,11 @@ pub mod cli;
 pub mod inflate;
 pub mod leader;
 pub mod metrics;
+pub mod patch;
 pub mod pods;
 pub mod policy;
 pub mod probes;
+pub mod quantity;
+pub mod review;
 pub mod server;
 pub mod sources;

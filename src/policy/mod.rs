@@ -2,15 +2,48 @@
 //!
 //! INTERFACE CONTRACT (used by sources/ and admission):
 //! - `OvercommitPolicy` is the kube `CustomResource` (cluster-scoped, overcommit.dev/v1alpha1).
-//! - `parse_policy_file(text)` parses a YAML stream of one or more documents and validates each.
+//! - `parse_policy_file(text)` parses a YAML stream of one or more documents and validates each;
+//!   one bad document refuses the whole file.
 //! - `PolicySet::new(policies)` validates and indexes; a set is immutable and cheap to share.
+//!   `PolicySet::from_valid(policies)` keeps the valid ones and reports the rest (for the CRD
+//!   watch, where one bad object must not block every other policy).
+//!
+//! Choosing for a node: among the policies that have `nodeRatios`, the highest `priority` whose
+//! `nodeSelector` matches the node's labels, ties broken by name (alphabetically first wins); a
+//! node labelled `overcommit.dev/disabled=true` gets no policy. A policy with only
+//! `podDefaults` never applies to nodes.
+//!
+//! Choosing for a pod: pods are not on a node when they are created, so node selectors do not
+//! apply. The pod defaults in force are those of the highest-priority policy (ties by name)
+//! that has `podDefaults`. Which namespaces get them is decided by the API server: the webhook
+//! configuration's namespaceSelector matches namespaces labelled
+//! `overcommit.dev/pod-defaults=enabled` (an AdmissionReview does not carry namespace labels,
+//! so the webhook itself cannot check them). kube-system and the webhook's own namespace are
+//! excluded in code as well.
+
+mod schema;
+mod selector;
+mod validate;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::quantity::{Quantity, Ratio};
+pub use selector::{LabelLookup, NoLabels, Requirement, Selector};
+
+/// Label that opts a node out of every policy.
+pub const DISABLED_LABEL: &str = "overcommit.dev/disabled";
+/// Namespace label the webhook configuration selects for pod defaults.
+pub const POD_DEFAULTS_NAMESPACE_LABEL: &str = "overcommit.dev/pod-defaults";
+/// Lowest and highest allowed `spec.priority`.
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = 0..=1_000_000;
+/// Resources a pod default or request-to-limit percentage may name.
+pub const POD_DEFAULT_RESOURCES: [&str; 2] = ["cpu", "memory"];
 
 /// Spec of a cluster-scoped OvercommitPolicy.
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema, Default)]
@@ -19,19 +52,51 @@ use serde::{Deserialize, Serialize};
     version = "v1alpha1",
     kind = "OvercommitPolicy",
     plural = "overcommitpolicies",
-    shortname = "ocp"
+    shortname = "ocp",
+    doc = "Overcommits node allocatable by ratio on selected nodes, and gives pods default requests.",
+    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
+    printcolumn = r#"{"name":"Ratios","type":"string","jsonPath":".spec.nodeRatios"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct OvercommitPolicySpec {
-    /// Nodes this policy applies to; empty selects every node.
+    /// Nodes this policy applies to (matchLabels and matchExpressions with In, NotIn, Exists,
+    /// DoesNotExist); empty or absent selects every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::node_selector")]
     pub node_selector: Option<LabelSelector>,
-    /// Higher wins; ties are broken by name.
+    /// Among the policies whose selector matches a node, the highest priority wins; ties are
+    /// broken by name (alphabetically first). 0 to 1000000.
     #[serde(default)]
+    #[schemars(range(min = 0, max = 1_000_000))]
     pub priority: i32,
-    /// Resource name -> multiplier as a decimal string, 1 <= r <= 10.
+    /// Resource name (cpu, memory, ephemeral-storage, pods, or an extended resource such as
+    /// example.com/gpu) -> multiplier of the kubelet's allocatable, a decimal string from 1 to
+    /// 10 with at most 6 decimals. Memory is enforced by the kernel, not the scheduler: a memory
+    /// ratio above 1 turns into OOM kills and evictions under load.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "schema::node_ratios")]
     pub node_ratios: BTreeMap<String, String>,
+    /// Requests for pods created in namespaces labelled overcommit.dev/pod-defaults=enabled.
+    /// The highest-priority policy that has podDefaults supplies them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_defaults: Option<PodDefaults>,
+}
+
+/// Default requests for pods, the way OpenShift's ClusterResourceOverride does it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodDefaults {
+    /// cpu and/or memory request given to every container and init container that sets no
+    /// request and no limit for it (with a limit, Kubernetes makes the request equal the limit).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "schema::pod_default_requests")]
+    pub requests: BTreeMap<String, String>,
+    /// cpu and/or memory: every container with a limit gets request = limit x percent / 100
+    /// (1 to 100), replacing its request.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "schema::request_to_limit_percent")]
+    pub request_to_limit_percent: BTreeMap<String, u32>,
 }
 
 /// Why a policy or a policy file was refused.
@@ -43,27 +108,245 @@ pub enum PolicyError {
     Parse(String),
 }
 
+/// A validated policy, its ratios and selector parsed once.
+#[derive(Debug)]
+pub struct CompiledPolicy {
+    pub name: String,
+    pub priority: i32,
+    pub selector: Selector,
+    /// Every ratio of the policy, including those equal to 1, with the text as written.
+    pub ratios: BTreeMap<String, (String, Ratio)>,
+    pub pod_defaults: Option<CompiledPodDefaults>,
+}
+
+/// Pod defaults with their quantities parsed.
+#[derive(Debug, Clone)]
+pub struct CompiledPodDefaults {
+    /// resource -> default request (cpu, memory).
+    pub requests: BTreeMap<String, Quantity>,
+    /// resource -> percent of the limit (cpu, memory).
+    pub request_to_limit_percent: BTreeMap<String, u32>,
+}
+
 /// All policies currently loaded, validated, ready to choose from.
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
-    policies: Vec<OvercommitPolicy>,
+    /// Highest priority first, then by name.
+    compiled: Arc<Vec<CompiledPolicy>>,
+    /// Index into `compiled` of the policy whose podDefaults are in force.
+    pod_defaults: Option<usize>,
 }
 
 impl PolicySet {
+    /// Validate every policy; any invalid one or a duplicate name refuses the whole set.
     pub fn new(policies: Vec<OvercommitPolicy>) -> Result<Self, PolicyError> {
-        Ok(Self { policies })
+        let mut compiled = Vec::with_capacity(policies.len());
+        for policy in &policies {
+            compiled.push(validate::compile(policy)?);
+        }
+        Self::index(compiled)
     }
+
+    /// Keep the valid policies and report the invalid ones (and duplicates after the first).
+    pub fn from_valid(policies: Vec<OvercommitPolicy>) -> (Self, Vec<PolicyError>) {
+        let mut compiled: Vec<CompiledPolicy> = Vec::with_capacity(policies.len());
+        let mut errors = Vec::new();
+        for policy in &policies {
+            match validate::compile(policy) {
+                Ok(c) if compiled.iter().any(|p| p.name == c.name) => {
+                    errors.push(duplicate(&c.name))
+                }
+                Ok(c) => compiled.push(c),
+                Err(e) => errors.push(e),
+            }
+        }
+        match Self::index(compiled) {
+            Ok(set) => (set, errors),
+            // Unreachable (duplicates were filtered), but never panic: report and load nothing.
+            Err(e) => {
+                errors.push(e);
+                (PolicySet::default(), errors)
+            }
+        }
+    }
+
+    fn index(mut compiled: Vec<CompiledPolicy>) -> Result<Self, PolicyError> {
+        compiled.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        let mut names: Vec<&str> = compiled.iter().map(|p| p.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(duplicate(pair[0]));
+        }
+        let pod_defaults = compiled.iter().position(|p| p.pod_defaults.is_some());
+        Ok(Self {
+            compiled: Arc::new(compiled),
+            pod_defaults,
+        })
+    }
+
     pub fn len(&self) -> usize {
-        self.policies.len()
+        self.compiled.len()
     }
+
     pub fn is_empty(&self) -> bool {
-        self.policies.is_empty()
+        self.compiled.is_empty()
+    }
+
+    /// Policy names, highest priority first.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.compiled.iter().map(|p| p.name.as_str())
+    }
+
+    /// The policy for a node with these labels, or why there is none.
+    pub fn for_node(&self, labels: &impl LabelLookup) -> NodeChoice<'_> {
+        if labels.label(DISABLED_LABEL) == Some("true") {
+            return NodeChoice::OptedOut;
+        }
+        match self
+            .compiled
+            .iter()
+            .find(|p| !p.ratios.is_empty() && p.selector.matches(labels))
+        {
+            Some(policy) => NodeChoice::Policy(policy),
+            None => NodeChoice::NoPolicy,
+        }
+    }
+
+    /// The policy whose pod defaults are in force, if any.
+    pub fn pod_defaults(&self) -> Option<(&str, &CompiledPodDefaults)> {
+        let policy = self.compiled.get(self.pod_defaults?)?;
+        Some((policy.name.as_str(), policy.pod_defaults.as_ref()?))
     }
 }
 
-/// Parse a YAML stream of OvercommitPolicy documents.
-pub fn parse_policy_file(_text: &str) -> Result<Vec<OvercommitPolicy>, PolicyError> {
-    Err(PolicyError::Parse(
-        "not yet implemented (issue 3, core)".into(),
+fn duplicate(name: &str) -> PolicyError {
+    PolicyError::Invalid {
+        name: name.to_string(),
+        reason: "more than one policy has this name".to_string(),
+    }
+}
+
+/// Which policy a node gets.
+#[derive(Debug)]
+pub enum NodeChoice<'p> {
+    Policy(&'p CompiledPolicy),
+    /// No policy's selector matches the node.
+    NoPolicy,
+    /// The node carries `overcommit.dev/disabled=true`.
+    OptedOut,
+}
+
+/// Parse a YAML stream of OvercommitPolicy documents. Empty documents are skipped; any
+/// document that is not a valid OvercommitPolicy refuses the whole file.
+pub fn parse_policy_file(text: &str) -> Result<Vec<OvercommitPolicy>, PolicyError> {
+    let mut policies = Vec::new();
+    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let number = index + 1;
+        let value = serde_yaml::Value::deserialize(document)
+            .map_err(|e| PolicyError::Parse(format!("document {number}: {e}")))?;
+        if value.is_null() {
+            continue;
+        }
+        let field = |key: &str| {
+            value
+                .get(key)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (api_version, kind) = (field("apiVersion"), field("kind"));
+        if api_version != "overcommit.dev/v1alpha1" || kind != "OvercommitPolicy" {
+            return Err(PolicyError::Parse(format!(
+                "document {number}: expected apiVersion overcommit.dev/v1alpha1 and kind \
+                 OvercommitPolicy, found {api_version:?} {kind:?}"
+            )));
+        }
+        if let Some(path) = unknown_field(&value) {
+            return Err(PolicyError::Parse(format!(
+                "document {number}: unknown field {path} (the API server would drop it)"
+            )));
+        }
+        let policy: OvercommitPolicy = serde_yaml::from_value(value)
+            .map_err(|e| PolicyError::Parse(format!("document {number}: {e}")))?;
+        validate::compile(&policy)?;
+        policies.push(policy);
+    }
+    // Refuse duplicates here too, so the file as a whole is either good or not.
+    PolicySet::new(policies.clone())?;
+    Ok(policies)
+}
+
+/// The CustomResourceDefinition of OvercommitPolicy as YAML, as checked in under
+/// deploy/crd/overcommitpolicies.yaml (`kube-overcommit crd`, `make crd`).
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    let yaml = serde_yaml::to_string(&OvercommitPolicy::crd())?;
+    Ok(format!(
+        "# Generated from the OvercommitPolicy Rust type by `kube-overcommit crd` (make crd). Do not edit.\n{yaml}"
     ))
 }
+
+/// The first field of a policy document that the type does not know (a typo like `nodeRatio`
+/// would otherwise be silently ignored and the policy would do nothing).
+fn unknown_field(document: &serde_yaml::Value) -> Option<String> {
+    fn check(value: Option<&serde_yaml::Value>, path: &str, known: &[&str]) -> Option<String> {
+        let map = value?.as_mapping()?;
+        map.keys().find_map(|key| match key.as_str() {
+            Some(k) if known.contains(&k) => None,
+            Some(k) => Some(format!("{path}.{k}")),
+            None => Some(format!("{path}.{key:?}")),
+        })
+    }
+    let spec = document.get("spec");
+    let selector = spec.and_then(|s| s.get("nodeSelector"));
+    let expressions = selector
+        .and_then(|s| s.get("matchExpressions"))
+        .and_then(|e| e.as_sequence());
+    check(
+        Some(document),
+        "",
+        &["apiVersion", "kind", "metadata", "spec", "status"],
+    )
+    .or_else(|| {
+        check(
+            spec,
+            "spec",
+            &["nodeSelector", "priority", "nodeRatios", "podDefaults"],
+        )
+    })
+    .or_else(|| {
+        check(
+            selector,
+            "spec.nodeSelector",
+            &["matchLabels", "matchExpressions"],
+        )
+    })
+    .or_else(|| {
+        expressions
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .find_map(|(i, e)| {
+                check(
+                    Some(e),
+                    &format!("spec.nodeSelector.matchExpressions[{i}]"),
+                    &["key", "operator", "values"],
+                )
+            })
+    })
+    .or_else(|| {
+        check(
+            spec.and_then(|s| s.get("podDefaults")),
+            "spec.podDefaults",
+            &["requests", "requestToLimitPercent"],
+        )
+    })
+    .map(|path| path.trim_start_matches('.').to_string())
+}
+
+#[cfg(test)]
+mod tests;

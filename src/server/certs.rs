@@ -121,6 +121,11 @@ impl CertResolver {
     pub fn has_cert(&self) -> bool {
         self.current.load().is_some()
     }
+    /// DER of the leaf served to new connections (the leader's readiness gate reads it).
+    pub fn leaf_der(&self) -> Option<Vec<u8>> {
+        let current = self.current.load();
+        current.as_ref()?.cert.first().map(|c| c.to_vec())
+    }
 }
 
 impl ResolvesServerCert for CertResolver {
@@ -224,10 +229,20 @@ impl CertReloader {
             .inc();
     }
 
-    /// Reload on every change in the directory and every `interval`, until `stop` is true.
-    pub async fn run(mut self, interval: Duration, mut stop: watch::Receiver<bool>) {
+    /// Reload on every change in the directory (unless `watch_files` is false) and every
+    /// `interval`, until `stop` is true.
+    pub async fn run(
+        mut self,
+        interval: Duration,
+        watch_files: bool,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let changed = Arc::new(Notify::new());
-        let _watcher = watch_dir(&self.dir, changed.clone());
+        let _watcher = if watch_files {
+            watch_dir(&self.dir, changed.clone())
+        } else {
+            None
+        };
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -2,23 +2,23 @@
 //! hyper (HTTP/1.1 keep-alive and HTTP/2), connection limits and timeouts, graceful drain.
 //!
 //! - `certs`: certificate resolver over an `ArcSwap`, reloaded from the TLS directory.
+//! - `conn`: one connection: handshake, protocol by ALPN, header and idle timeouts, drain.
 //! - `routes`: the request handler (`POST /mutate`).
 //! - `serve`: the `serve` command, which starts everything and shuts it down in order.
 
 pub mod certs;
+mod conn;
 pub mod routes;
 pub mod serve;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
@@ -74,8 +74,7 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(u64).range(8 * 1024 * 1024..))]
     pub max_body_bytes: u64,
 
-    /// Time a client has to send complete request headers. On HTTP/1.1 this also bounds how
-    /// long an idle keep-alive connection waits for its next request.
+    /// Time a client has to send complete request headers, from the first byte of a request.
     #[arg(long, env = "KUBE_OVERCOMMIT_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration_arg)]
     pub header_read_timeout: Duration,
 
@@ -83,8 +82,10 @@ pub struct ServerArgs {
     #[arg(long, env = "KUBE_OVERCOMMIT_BODY_READ_TIMEOUT", default_value = "10s", value_parser = duration_arg)]
     pub body_read_timeout: Duration,
 
-    /// Close connections with no request for this long.
-    #[arg(long, env = "KUBE_OVERCOMMIT_IDLE_TIMEOUT", default_value = "90s", value_parser = duration_arg)]
+    /// Close connections with no request for this long. Keep it above the client's own idle
+    /// timeout (the API server's is 90 s), so that the client, not the server, retires idle
+    /// connections: a request racing a server-side close fails, and the review is skipped.
+    #[arg(long, env = "KUBE_OVERCOMMIT_IDLE_TIMEOUT", default_value = "120s", value_parser = duration_arg)]
     pub idle_timeout: Duration,
 
     /// Time a client has to complete the TLS handshake.
@@ -133,7 +134,8 @@ pub struct Server {
     listener: TcpListener,
     acceptor: TlsAcceptor,
     app: Arc<App>,
-    http: Arc<auto::Builder<TokioExecutor>>,
+    http1: Arc<auto::Builder<TokioExecutor>>,
+    http2: Arc<auto::Builder<TokioExecutor>>,
     args: ServerArgs,
     metrics: Arc<Metrics>,
 }
@@ -153,10 +155,13 @@ impl Server {
                     source,
                 })?;
         let mut http = auto::Builder::new(TokioExecutor::new());
+        // hyper's own header timeout also runs while an idle keep-alive connection waits for
+        // its next request, which would close the API server's pooled connections after a few
+        // seconds; `conn` times header reads itself, from the first byte of a request.
         http.http1()
             .timer(TokioTimer::new())
             .keep_alive(true)
-            .header_read_timeout(args.header_read_timeout);
+            .header_read_timeout(None);
         http.http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(args.max_concurrent_streams)
@@ -166,7 +171,8 @@ impl Server {
             listener,
             acceptor: TlsAcceptor::from(Arc::new(tls)),
             app,
-            http: Arc::new(http),
+            http1: Arc::new(http.clone().http1_only()),
+            http2: Arc::new(http.http2_only()),
             args: args.clone(),
             metrics,
         })
@@ -203,12 +209,14 @@ impl Server {
                 },
                 _ = crate::server::turned_true(&mut drain) => break,
             };
-            let conn = Connection {
+            let conn = conn::Connection {
                 acceptor: self.acceptor.clone(),
                 app: self.app.clone(),
-                http: self.http.clone(),
+                http1: self.http1.clone(),
+                http2: self.http2.clone(),
                 metrics: self.metrics.clone(),
                 handshake_timeout: self.args.tls_handshake_timeout,
+                header_read_timeout: self.args.header_read_timeout,
                 idle_timeout: self.args.idle_timeout,
                 drain: drain.clone(),
             };
@@ -226,120 +234,10 @@ impl Server {
     }
 }
 
-struct Connection {
-    acceptor: TlsAcceptor,
-    app: Arc<App>,
-    http: Arc<auto::Builder<TokioExecutor>>,
-    metrics: Arc<Metrics>,
-    handshake_timeout: Duration,
-    idle_timeout: Duration,
-    drain: watch::Receiver<bool>,
-}
-
-/// Per-connection activity, updated by each request: how many are in flight and when the
-/// last one started or ended (milliseconds since the connection opened).
-struct Activity {
-    opened: Instant,
-    in_flight: AtomicUsize,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, Ordering::Relaxed);
-    }
-}
-
-struct InFlight<'a>(&'a Activity);
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.touch();
-    }
-}
-
-impl Connection {
-    async fn serve(mut self, tcp: TcpStream, peer: SocketAddr) {
-        let _ = tcp.set_nodelay(true);
-        self.metrics.open_connections.inc();
-        struct Open(Arc<Metrics>);
-        impl Drop for Open {
-            fn drop(&mut self) {
-                self.0.open_connections.dec();
-            }
-        }
-        let _open = Open(self.metrics.clone());
-
-        let tls =
-            match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    self.metrics.tls_handshake_failures.inc();
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    self.metrics.tls_handshake_failures.inc();
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-
-        let activity = Arc::new(Activity {
-            opened: Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(0),
-        });
-        let app = self.app.clone();
-        let act = activity.clone();
-        let service = hyper::service::service_fn(move |req| {
-            let app = app.clone();
-            let act = act.clone();
-            async move {
-                act.in_flight.fetch_add(1, Ordering::Relaxed);
-                let _guard = InFlight(&act);
-                Ok::<_, std::convert::Infallible>(app.route(req).await)
-            }
-        });
-        let http = self.http.clone();
-        let mut conn = pin!(http.serve_connection(TokioIo::new(tls), service));
-        let mut closing = false;
-        loop {
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                    return;
-                }
-                _ = crate::server::turned_true(&mut self.drain), if !closing => {
-                    closing = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-                _ = idle(&activity, self.idle_timeout), if !closing => {
-                    closing = true;
-                    tracing::debug!(%peer, "closing idle connection");
-                    conn.as_mut().graceful_shutdown();
-                }
-            }
-        }
-    }
-}
-
-/// Resolves once the connection had no request in flight for `timeout`.
-async fn idle(activity: &Activity, timeout: Duration) {
-    loop {
-        let last = Duration::from_millis(activity.last_ms.load(Ordering::Relaxed));
-        let since = activity.opened.elapsed().saturating_sub(last);
-        if activity.in_flight.load(Ordering::Relaxed) == 0 && since >= timeout {
-            return;
-        }
-        let wait = timeout
-            .saturating_sub(since)
-            .max(Duration::from_millis(100));
-        tokio::time::sleep(wait).await;
-    }
+/// Resolves when a stop/drain signal turns true (or its sender is gone).
+pub async fn turned_true(rx: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not `Send`; drop it here, before any other await.
+    let _ = rx.wait_for(|v| *v).await;
 }
 
 #[cfg(test)]
@@ -356,10 +254,4 @@ mod tests {
         assert_eq!(humantime_like("s"), None);
         assert_eq!(humantime_like("5d"), None);
     }
-}
-
-/// Resolves when a stop/drain signal turns true (or its sender is gone).
-pub async fn turned_true(rx: &mut watch::Receiver<bool>) {
-    // The guard `wait_for` returns is not `Send`; drop it here, before any other await.
-    let _ = rx.wait_for(|v| *v).await;
 }

@@ -15,6 +15,35 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
+
+/// What the server needs from `admission::Handled` (its other fields are for logs).
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+    resource: ReviewResource,
+    operation: String,
+    outcome: Outcome,
+}
+
+impl From<Handled> for Answer {
+    fn from(h: Handled) -> Self {
+        let Handled {
+            status,
+            body,
+            resource,
+            operation,
+            outcome,
+            ..
+        } = h;
+        Self {
+            status,
+            body,
+            resource,
+            operation,
+            outcome,
+        }
+    }
+}
 use crate::metrics::{Metrics, RejectLabels};
 use crate::policy::PolicySet;
 
@@ -69,8 +98,9 @@ impl App {
             Ok(n) => n,
             Err(()) => return self.reject(StatusCode::BAD_REQUEST, "invalid Content-Length\n"),
         };
+        let version = req.version();
         if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
-            return self.too_large();
+            return self.too_large(version);
         }
         let timeout = req
             .uri()
@@ -80,7 +110,7 @@ impl App {
         let capacity = declared.map_or(DEFAULT_BODY_CAPACITY, |n| n as usize);
         let body = match read_body(req.into_body(), self.max_body_bytes, capacity, timeout).await {
             Ok(b) => b,
-            Err(BodyError::TooLarge) => return self.too_large(),
+            Err(BodyError::TooLarge) => return self.too_large(version),
             Err(BodyError::TimedOut) => {
                 return self.reject(
                     StatusCode::REQUEST_TIMEOUT,
@@ -105,7 +135,7 @@ impl App {
         resp
     }
 
-    fn review(&self, body: &[u8]) -> Handled {
+    fn review(&self, body: &[u8]) -> Answer {
         let policies = self.policies.load();
         let run = || {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -118,7 +148,7 @@ impl App {
             run()
         };
         match result {
-            Ok(h) => h,
+            Ok(h) => h.into(),
             // A bug must not block heartbeats (design.md 3.1): answer allowed, no patch.
             Err(_) => {
                 tracing::error!("admission handler panicked; answering allowed without a patch");
@@ -143,20 +173,23 @@ impl App {
         r
     }
 
-    fn too_large(&self) -> Response<Full<Bytes>> {
+    fn too_large(&self, version: http::Version) -> Response<Full<Bytes>> {
         let mut r = self.reject(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request body exceeds the size limit (--max-body-bytes)\n",
         );
-        // The rest of the body is not read, so the connection cannot be reused.
-        r.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        // HTTP/1.1: the rest of the body is not read, so the connection cannot be reused.
+        // (HTTP/2 resets just the stream; connection headers are not allowed there.)
+        if version <= http::Version::HTTP_11 {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         r
     }
 }
 
 /// Minimal AdmissionReview answer when the handler itself failed: allowed, no patch.
-fn fail_open(body: &[u8]) -> Handled {
+fn fail_open(body: &[u8]) -> Answer {
     #[derive(serde::Deserialize)]
     struct Review {
         request: Option<Req>,
@@ -176,7 +209,7 @@ fn fail_open(body: &[u8]) -> Handled {
         "kind": "AdmissionReview",
         "response": { "uid": uid, "allowed": true },
     });
-    Handled {
+    Answer {
         status: 200,
         body: serde_json::to_vec(&out).unwrap_or_default(),
         resource: ReviewResource::Other,

@@ -44,6 +44,11 @@ pub struct ServeArgs {
     #[arg(long, env = "KUBE_OVERCOMMIT_SHUTDOWN_DELAY", default_value = "0s", value_parser = duration_arg)]
     pub shutdown_delay: Duration,
 
+    /// Do not watch the TLS directory and the policy file for changes (for filesystems without
+    /// inotify); rely on the periodic re-reads alone.
+    #[arg(long, env = "KUBE_OVERCOMMIT_NO_FILE_WATCH")]
+    pub no_file_watch: bool,
+
     /// The process exits at most this long after SIGTERM, drained or not.
     #[arg(long, env = "KUBE_OVERCOMMIT_SHUTDOWN_GRACE", default_value = "25s", value_parser = duration_arg)]
     pub shutdown_grace: Duration,
@@ -97,6 +102,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         cert_ready,
     );
     reloader.reload();
+    let not_after = metrics.cert_not_after_seconds.clone();
+    readiness.add_check("certificate-unexpired", move || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        not_after.get() > now
+    });
 
     // Policies.
     let store = PolicyStore::new(metrics.clone(), policies_synced);
@@ -106,7 +118,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             file.reload();
             let interval = args.source.policy_reload_interval;
             let stop = stop_rx.clone();
-            tokio::spawn(async move { file.run(interval, stop).await })
+            let watch_files = !args.no_file_watch;
+            tokio::spawn(async move { file.run(interval, watch_files, stop).await })
         }
         None => {
             let client = kube::Client::try_default()
@@ -131,7 +144,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
     let server = Server::bind(
         &args.server,
-        tls_config(provider, resolver)?,
+        tls_config(provider, resolver.clone())?,
         app,
         metrics.clone(),
     )
@@ -152,8 +165,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         "listening"
     );
 
-    let reloader_task =
-        tokio::spawn(reloader.run(args.server.cert_reload_interval, stop_rx.clone()));
+    let reloader_task = tokio::spawn(reloader.run(
+        args.server.cert_reload_interval,
+        !args.no_file_watch,
+        stop_rx.clone(),
+    ));
     let probe_task = tokio::spawn(probe_serve);
     let mut server_task = tokio::spawn(server.run(drain_rx));
 

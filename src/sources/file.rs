@@ -96,13 +96,22 @@ impl FileSource {
         }
     }
 
-    pub async fn run(mut self, interval: Duration, mut stop: watch::Receiver<bool>) {
+    pub async fn run(
+        mut self,
+        interval: Duration,
+        watch_files: bool,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let changed = Arc::new(Notify::new());
         let dir = match self.path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
             _ => PathBuf::from("."),
         };
-        let _watcher = crate::server::certs::watch_dir(&dir, changed.clone());
+        let _watcher = if watch_files {
+            crate::server::certs::watch_dir(&dir, changed.clone())
+        } else {
+            None
+        };
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tokio::sync::watch;
 
 use crate::metrics::{Metrics, PolicyReloadLabels, PolicySourceLabel, ReloadResult};
 use crate::policy::PolicySet;
@@ -81,26 +80,5 @@ impl PolicyStore {
             .policy_reloads
             .get_or_create(&PolicyReloadLabels { source, result })
             .inc();
-    }
-}
-
-/// Run the source chosen by `args` until `stop` turns true.
-pub async fn run(
-    args: &SourceArgs,
-    store: PolicyStore,
-    stop: watch::Receiver<bool>,
-) -> Result<(), SourceError> {
-    match &args.policy_file {
-        Some(path) => {
-            file::FileSource::new(path.clone(), store)
-                .run(args.policy_reload_interval, stop)
-                .await;
-            Ok(())
-        }
-        None => {
-            let client = kube::Client::try_default().await?;
-            crd::run(client, store, stop).await;
-            Ok(())
-        }
     }
 }

@@ -1,0 +1,429 @@
+//! Fixture-driven tests of the whole review path: real-sized AdmissionReviews in, the
+//! AdmissionReview response out, the patch applied and reviewed again.
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::policy::parse_policy_file;
+
+const NODE_STATUS_UPDATE: &[u8] = include_bytes!("../../tests/fixtures/node-status-update.json");
+const NODE_STATUS_UPDATE_LARGE: &[u8] =
+    include_bytes!("../../tests/fixtures/node-status-update-large.json");
+const NODE_CREATE: &[u8] = include_bytes!("../../tests/fixtures/node-create.json");
+const POD_CREATE: &[u8] = include_bytes!("../../tests/fixtures/pod-create.json");
+const POLICIES: &str = include_str!("../../tests/fixtures/policies.yaml");
+
+fn policies() -> PolicySet {
+    match parse_policy_file(POLICIES).and_then(PolicySet::new) {
+        Ok(set) => set,
+        Err(e) => panic!("fixture policies: {e}"),
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        own_namespace: "kube-overcommit".into(),
+    }
+}
+
+fn json(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("not JSON: {e}"))
+}
+
+fn to_bytes(value: &Value) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+/// The response of a 200 answer, checked for the parts every answer must have.
+fn response(handled: &Handled, request: &Value) -> Value {
+    assert_eq!(
+        handled.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&handled.body)
+    );
+    let review = json(&handled.body);
+    assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(review["kind"], "AdmissionReview");
+    assert_eq!(
+        review["response"]["uid"], request["request"]["uid"],
+        "uid echoed"
+    );
+    assert_eq!(review["response"]["allowed"], true);
+    review["response"].clone()
+}
+
+/// The decoded JSON Patch of a response (empty if none).
+fn patch_of(response: &Value) -> json_patch::Patch {
+    let Some(encoded) = response.get("patch").and_then(Value::as_str) else {
+        assert!(
+            response.get("patchType").is_none(),
+            "patchType without patch"
+        );
+        return json_patch::Patch(vec![]);
+    };
+    assert_eq!(response["patchType"], "JSONPatch");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .unwrap_or_else(|e| panic!("patch is not base64: {e}"));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("patch is not a JSON patch: {e}"))
+}
+
+/// Apply the response's patch to request.object; the result replaces object (and oldObject, as
+/// the API server would store it before the next write).
+fn next_review(request: &Value, response: &Value) -> Value {
+    let mut object = request["request"]["object"].clone();
+    if let Err(e) = json_patch::patch(&mut object, &patch_of(response)) {
+        panic!("patch does not apply: {e}");
+    }
+    let mut next = request.clone();
+    next["request"]["object"] = object.clone();
+    if next["request"].get("oldObject").is_some() {
+        next["request"]["oldObject"] = object;
+    }
+    next
+}
+
+fn allocatable(review: &Value, which: &str, resource: &str) -> String {
+    review["request"][which]["status"]["allocatable"][resource]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn kubelet_status_update_is_inflated_from_its_raw_value() {
+    let set = policies();
+    for fixture in [NODE_STATUS_UPDATE, NODE_STATUS_UPDATE_LARGE] {
+        let request = json(fixture);
+        let handled = handle(fixture, &set, &settings());
+        assert_eq!(
+            (
+                handled.resource,
+                handled.operation.as_str(),
+                handled.outcome
+            ),
+            (ReviewResource::Node, "UPDATE", Outcome::Patched)
+        );
+        let response = response(&handled, &request);
+        let patch = serde_json::to_value(patch_of(&response)).unwrap_or_default();
+        // Only allocatable changes: the annotations already say what the previous review wrote.
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "replace", "path": "/status/allocatable/cpu", "value": "15820m"},
+                {"op": "replace", "path": "/status/allocatable/memory", "value": "47087574Ki"},
+            ])
+        );
+        // Stored, then reviewed again (the next status write by anyone else): nothing to do.
+        let next = next_review(&request, &response);
+        assert_eq!(allocatable(&next, "object", "cpu"), "15820m");
+        let again = handle(&to_bytes(&next), &set, &settings());
+        assert_eq!(again.outcome, Outcome::Unchanged);
+        assert!(response_of(&again, &next).get("patch").is_none());
+    }
+}
+
+fn response_of(handled: &Handled, request: &Value) -> Value {
+    response(handled, request)
+}
+
+#[test]
+fn someone_elses_status_write_leaves_the_node_alone() {
+    // A controller updates a condition: allocatable is what this webhook last wrote.
+    let mut request = json(NODE_STATUS_UPDATE);
+    request["request"]["object"]["status"]["allocatable"] =
+        request["request"]["oldObject"]["status"]["allocatable"].clone();
+    request["request"]["userInfo"] =
+        json!({"username": "system:serviceaccount:kube-system:node-problem-detector"});
+    let handled = handle(&to_bytes(&request), &policies(), &settings());
+    assert_eq!(handled.outcome, Outcome::Unchanged);
+}
+
+#[test]
+fn kubelet_new_raw_value_is_taken_as_raw() {
+    let mut request = json(NODE_STATUS_UPDATE);
+    request["request"]["object"]["status"]["allocatable"]["cpu"] = json!("7");
+    let handled = handle(&to_bytes(&request), &policies(), &settings());
+    let response = response(&handled, &request);
+    let next = next_review(&request, &response);
+    assert_eq!(allocatable(&next, "object", "cpu"), "14");
+    let raw = next["request"]["object"]["metadata"]["annotations"]
+        [crate::inflate::RAW_ALLOCATABLE_ANNOTATION]
+        .as_str();
+    assert_eq!(raw, Some(r#"{"cpu":"7","memory":"31391716Ki"}"#));
+}
+
+#[test]
+fn policy_removed_restores_raw_and_removes_annotations() {
+    let request = json(NODE_STATUS_UPDATE);
+    // The kubelet's patch carries raw; then a write by someone else carries the stored value.
+    for which in ["raw", "stored"] {
+        let mut request = request.clone();
+        if which == "stored" {
+            request["request"]["object"]["status"]["allocatable"] =
+                request["request"]["oldObject"]["status"]["allocatable"].clone();
+        }
+        let handled = handle(&to_bytes(&request), &PolicySet::default(), &settings());
+        let response = response(&handled, &request);
+        let next = next_review(&request, &response);
+        assert_eq!(allocatable(&next, "object", "cpu"), "7910m", "{which}");
+        assert_eq!(
+            allocatable(&next, "object", "memory"),
+            "31391716Ki",
+            "{which}"
+        );
+        let annotations = &next["request"]["object"]["metadata"]["annotations"];
+        assert!(
+            annotations.get("overcommit.dev/applied").is_none(),
+            "{which}"
+        );
+        assert!(
+            annotations.get("overcommit.dev/raw-allocatable").is_none(),
+            "{which}"
+        );
+        assert_eq!(
+            annotations["node.alpha.kubernetes.io/ttl"], "0",
+            "other annotations stay"
+        );
+        let again = handle(&to_bytes(&next), &PolicySet::default(), &settings());
+        assert_eq!(again.outcome, Outcome::Unchanged, "{which}");
+    }
+}
+
+#[test]
+fn opted_out_node_gets_its_raw_value() {
+    let mut request = json(NODE_STATUS_UPDATE);
+    request["request"]["object"]["metadata"]["labels"]["overcommit.dev/disabled"] = json!("true");
+    request["request"]["object"]["status"]["allocatable"] =
+        request["request"]["oldObject"]["status"]["allocatable"].clone();
+    let handled = handle(&to_bytes(&request), &policies(), &settings());
+    let next = next_review(&request, &response(&handled, &request));
+    assert_eq!(allocatable(&next, "object", "cpu"), "7910m");
+}
+
+#[test]
+fn registration_create_is_inflated_and_annotated() {
+    let request = json(NODE_CREATE);
+    let handled = handle(NODE_CREATE, &policies(), &settings());
+    assert_eq!(
+        (
+            handled.resource,
+            handled.operation.as_str(),
+            handled.outcome
+        ),
+        (ReviewResource::Node, "CREATE", Outcome::Patched)
+    );
+    let response = response(&handled, &request);
+    let next = next_review(&request, &response);
+    assert_eq!(allocatable(&next, "object", "cpu"), "15820m");
+    assert_eq!(allocatable(&next, "object", "memory"), "47087574Ki");
+    assert_eq!(allocatable(&next, "object", "pods"), "110");
+    assert_eq!(
+        next["request"]["object"]["status"]["capacity"],
+        request["request"]["object"]["status"]["capacity"],
+        "capacity untouched"
+    );
+    let annotations = &next["request"]["object"]["metadata"]["annotations"];
+    assert_eq!(
+        annotations["overcommit.dev/raw-allocatable"],
+        r#"{"cpu":"7910m","memory":"31391716Ki"}"#
+    );
+    assert_eq!(
+        annotations["overcommit.dev/applied"],
+        r#"{"policy":"batch","ratios":{"cpu":"2","memory":"1.5"}}"#
+    );
+    assert_eq!(
+        handle(&to_bytes(&next), &policies(), &settings()).outcome,
+        Outcome::Unchanged
+    );
+}
+
+#[test]
+fn pod_create_gets_defaults_and_request_to_limit() {
+    let request = json(POD_CREATE);
+    let handled = handle(POD_CREATE, &policies(), &settings());
+    assert_eq!(
+        (
+            handled.resource,
+            handled.operation.as_str(),
+            handled.outcome
+        ),
+        (ReviewResource::Pod, "CREATE", Outcome::Patched)
+    );
+    let response = response(&handled, &request);
+    let next = next_review(&request, &response);
+    let spec = &next["request"]["object"]["spec"];
+    assert_eq!(
+        spec["initContainers"][0]["resources"],
+        json!({"requests": {"cpu": "100m", "memory": "128Mi"}})
+    );
+    assert_eq!(
+        spec["containers"][0]["resources"],
+        json!({"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": "1", "memory": "4Gi"}})
+    );
+    assert_eq!(
+        spec["containers"][1]["resources"],
+        json!({"requests": {"cpu": "100m", "memory": "128Mi"}})
+    );
+    assert_eq!(
+        handle(&to_bytes(&next), &policies(), &settings()).outcome,
+        Outcome::Unchanged
+    );
+}
+
+#[test]
+fn pods_in_excluded_namespaces_are_untouched() {
+    for namespace in ["kube-system", "kube-overcommit"] {
+        let mut request = json(POD_CREATE);
+        request["request"]["namespace"] = json!(namespace);
+        request["request"]["object"]["metadata"]["namespace"] = json!(namespace);
+        let handled = handle(&to_bytes(&request), &policies(), &settings());
+        assert_eq!(handled.outcome, Outcome::Unchanged, "{namespace}");
+    }
+}
+
+#[test]
+fn reviews_this_webhook_does_not_mutate_are_allowed_unchanged() {
+    let node = json(NODE_STATUS_UPDATE);
+    let mut cases = Vec::new();
+    let mut main_resource_update = node.clone();
+    main_resource_update["request"]["subResource"] = Value::Null;
+    cases.push(("UPDATE nodes", main_resource_update));
+    let mut delete = node.clone();
+    delete["request"]["operation"] = json!("DELETE");
+    delete["request"]["object"] = Value::Null;
+    cases.push(("DELETE nodes", delete));
+    let mut pod_update = json(POD_CREATE);
+    pod_update["request"]["operation"] = json!("UPDATE");
+    cases.push(("UPDATE pods", pod_update));
+    let mut lease = node.clone();
+    lease["request"]["kind"] =
+        json!({"group": "coordination.k8s.io", "version": "v1", "kind": "Lease"});
+    lease["request"]["resource"] =
+        json!({"group": "coordination.k8s.io", "version": "v1", "resource": "leases"});
+    lease["request"]["subResource"] = Value::Null;
+    lease["request"]["object"] = json!({"kind": "Lease", "spec": {"holderIdentity": "x"}});
+    cases.push(("Lease", lease));
+    for (name, request) in cases {
+        let handled = handle(&to_bytes(&request), &policies(), &settings());
+        assert_eq!(handled.outcome, Outcome::Unchanged, "{name}");
+        let response = response(&handled, &request);
+        assert!(response.get("patch").is_none(), "{name}");
+    }
+}
+
+#[test]
+fn node_errors_fail_open_allowed_without_patch() {
+    let base = json(NODE_STATUS_UPDATE);
+    let mut garbage_quantity = base.clone();
+    garbage_quantity["request"]["object"]["status"]["allocatable"]["cpu"] = json!("eight");
+    let mut wrong_type = base.clone();
+    wrong_type["request"]["object"]["status"]["allocatable"] = json!(["cpu", 8]);
+    let mut labels_not_strings = base.clone();
+    labels_not_strings["request"]["object"]["metadata"]["labels"]["pool"] = json!(7);
+    let mut no_object = base.clone();
+    no_object["request"]["object"] = Value::Null;
+    for (name, request) in [
+        ("garbage quantity", garbage_quantity),
+        ("allocatable not a map", wrong_type),
+        ("label not a string", labels_not_strings),
+        ("no object", no_object),
+    ] {
+        let (handled, reason) = handle_with_reason(&to_bytes(&request), &policies(), &settings());
+        assert_eq!(handled.outcome, Outcome::FailedOpen, "{name}");
+        assert_eq!(handled.resource, ReviewResource::Node, "{name}");
+        assert!(
+            reason.is_some_and(|r| r.contains("worker-pool-batch-7f3k2")),
+            "{name}: reason names the node"
+        );
+        let response = response(&handled, &request);
+        assert!(response.get("patch").is_none(), "{name}");
+    }
+}
+
+#[test]
+fn bodies_that_are_not_admission_reviews_get_400_with_a_message() {
+    let valid = json(NODE_CREATE);
+    let mut no_uid = valid.clone();
+    no_uid["request"].as_object_mut().map(|r| r.remove("uid"));
+    let mut empty_uid = valid.clone();
+    empty_uid["request"]["uid"] = json!("");
+    let mut v1beta1 = valid.clone();
+    v1beta1["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    let mut no_request = valid.clone();
+    no_request.as_object_mut().map(|r| r.remove("request"));
+    let truncated = NODE_CREATE[..NODE_CREATE.len() / 2].to_vec();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty body", vec![]),
+        ("not JSON", b"hello".to_vec()),
+        ("truncated", truncated),
+        ("JSON array", b"[1,2]".to_vec()),
+        ("JSON null", b"null".to_vec()),
+        (
+            "wrong kind",
+            br#"{"apiVersion":"v1","kind":"Pod"}"#.to_vec(),
+        ),
+        ("no uid", to_bytes(&no_uid)),
+        ("empty uid", to_bytes(&empty_uid)),
+        ("v1beta1", to_bytes(&v1beta1)),
+        ("no request", to_bytes(&no_request)),
+        ("invalid UTF-8", b"{\"apiVersion\":\"\xff\xfe\"}".to_vec()),
+        (
+            "deep nesting",
+            format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)).into_bytes(),
+        ),
+    ];
+    for (name, body) in cases {
+        let handled = handle(&body, &policies(), &settings());
+        assert_eq!(
+            (handled.status, handled.outcome),
+            (400, Outcome::BadRequest),
+            "{name}"
+        );
+        let status = json(&handled.body);
+        assert_eq!(status["kind"], "Status", "{name}");
+        assert_eq!(status["code"], 400, "{name}");
+        assert!(
+            status["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn damaged_bodies_never_panic() {
+    // Every truncation and a sweep of single-byte corruptions of a real review: each answer is
+    // a 400 or an allowed review, never a panic.
+    let set = policies();
+    for fixture in [NODE_STATUS_UPDATE, POD_CREATE] {
+        for end in (0..fixture.len()).step_by(97) {
+            let handled = handle(&fixture[..end], &set, &settings());
+            assert!(handled.status == 400 || handled.status == 200);
+        }
+        for (i, replacement) in (0..fixture.len())
+            .step_by(89)
+            .zip([b'"', b'}', b'9', b'x', b'\\', 0xff].iter().cycle())
+        {
+            let mut body = fixture.to_vec();
+            body[i] = *replacement;
+            let handled = handle(&body, &set, &settings());
+            assert!(handled.status == 400 || handled.status == 200);
+            if handled.status == 200 {
+                assert!(json(&handled.body)["response"]["allowed"] == true);
+            }
+        }
+    }
+}
+
+#[test]
+fn explain_describes_the_node_decision() {
+    let text = match explain(NODE_STATUS_UPDATE, &policies(), &settings()) {
+        Ok(decision) => decision.explain(),
+        Err(e) => panic!("{e}"),
+    };
+    assert!(text.contains("policy batch applies"), "{text}");
+    assert!(text.contains("cpu: raw 7910m"), "{text}");
+    assert!(text.contains("-> 15820m"), "{text}");
+}

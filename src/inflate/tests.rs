@@ -1,0 +1,683 @@
+//! Table tests of the node rule. Every case also checks idempotence: the patched node, fed
+//! back through the rule (as the next review, with itself as the stored node), yields no patch.
+
+use std::borrow::Cow;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::policy::{PolicySet, parse_policy_file};
+
+const BATCH_POLICIES: &str = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: batch}
+spec:
+  nodeSelector: {matchLabels: {pool: batch}}
+  priority: 10
+  nodeRatios: {cpu: "2", memory: "1.5", example.com/gpu: "2", pods: "1"}
+---
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: everything}
+spec:
+  priority: 0
+  nodeRatios: {cpu: "1.25"}
+"#;
+
+const BATCH_RATIO_3: &str = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: batch}
+spec:
+  nodeSelector: {matchLabels: {pool: batch}}
+  priority: 10
+  nodeRatios: {cpu: "3", memory: "1.5", example.com/gpu: "2", pods: "1"}
+"#;
+
+const BATCH_CPU_ONLY: &str = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: batch}
+spec:
+  nodeSelector: {matchLabels: {pool: batch}}
+  priority: 10
+  nodeRatios: {cpu: "2"}
+"#;
+
+const APPLIED_BATCH: &str =
+    r#"{"policy":"batch","ratios":{"cpu":"2","example.com/gpu":"2","memory":"1.5","pods":"1"}}"#;
+
+fn policies(yaml: &str) -> PolicySet {
+    match parse_policy_file(yaml).and_then(PolicySet::new) {
+        Ok(set) => set,
+        Err(e) => panic!("test policies: {e}"),
+    }
+}
+
+fn capacity() -> Value {
+    json!({"cpu": "4", "memory": "16393180Ki", "pods": "110", "example.com/gpu": "4", "ephemeral-storage": "100Gi"})
+}
+
+/// A node with the kubelet's raw allocatable.
+fn raw_allocatable() -> Value {
+    json!({"cpu": "3920m", "memory": "15242204Ki", "pods": "110", "example.com/gpu": "4", "ephemeral-storage": "96Gi"})
+}
+
+/// What the rule writes for `raw_allocatable()` under the batch policy.
+fn batch_allocatable() -> Value {
+    json!({"cpu": "7840m", "memory": "22863306Ki", "pods": "110", "example.com/gpu": "8", "ephemeral-storage": "96Gi"})
+}
+
+fn batch_annotations() -> Value {
+    json!({
+        RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m","example.com/gpu":"4","memory":"15242204Ki"}"#,
+        APPLIED_ANNOTATION: APPLIED_BATCH,
+    })
+}
+
+fn node(labels: Value, annotations: Option<Value>, allocatable: Value) -> Value {
+    let mut metadata = json!({"name": "node-1", "labels": labels});
+    if let Some(a) = annotations {
+        metadata["annotations"] = a;
+    }
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": metadata,
+           "status": {"capacity": capacity(), "allocatable": allocatable}})
+}
+
+fn with(mut base: Value, pointer: &str, value: Value) -> Value {
+    if let Some(slot) = base.pointer_mut(pointer) {
+        *slot = value;
+    }
+    base
+}
+
+/// Owned copies of the maps a NodeView borrows.
+struct Owned {
+    has_metadata: bool,
+    labels: Option<StrMap<'static>>,
+    annotations: Option<StrMap<'static>>,
+    allocatable: Option<StrMap<'static>>,
+    capacity: Option<StrMap<'static>>,
+}
+
+impl Owned {
+    fn from_json(node: &Value) -> Owned {
+        let map = |pointer: &str| {
+            node.pointer(pointer).and_then(Value::as_object).map(|m| {
+                m.iter()
+                    .map(|(k, v)| {
+                        (
+                            Cow::Owned(k.clone()),
+                            Cow::Owned(v.as_str().unwrap_or_default().to_string()),
+                        )
+                    })
+                    .collect()
+            })
+        };
+        Owned {
+            has_metadata: node.get("metadata").is_some(),
+            labels: map("/metadata/labels"),
+            annotations: map("/metadata/annotations"),
+            allocatable: map("/status/allocatable"),
+            capacity: map("/status/capacity"),
+        }
+    }
+    fn view(&self) -> NodeView<'_> {
+        NodeView {
+            has_metadata: self.has_metadata,
+            labels: self.labels.as_ref(),
+            annotations: self.annotations.as_ref(),
+            allocatable: self.allocatable.as_ref(),
+            capacity: self.capacity.as_ref(),
+        }
+    }
+}
+
+fn decide_json(
+    node: &Value,
+    stored: Option<&Value>,
+    set: &PolicySet,
+) -> Result<NodeDecision, InflateError> {
+    let owned = Owned::from_json(node);
+    let stored = stored.map(Owned::from_json);
+    let stored_view = stored.as_ref().map(Owned::view);
+    decide(&owned.view(), stored_view.as_ref(), set)
+}
+
+fn apply(node: &Value, ops: &[PatchOp]) -> Value {
+    let mut patched = node.clone();
+    let patch_json = match serde_json::to_value(ops) {
+        Ok(v) => v,
+        Err(e) => panic!("patch does not serialise: {e}"),
+    };
+    let patch: json_patch::Patch = match serde_json::from_value(patch_json.clone()) {
+        Ok(p) => p,
+        Err(e) => panic!("not a JSON patch: {e}: {patch_json}"),
+    };
+    if let Err(e) = json_patch::patch(&mut patched, &patch) {
+        panic!("patch does not apply: {e}: {patch_json} to {node}");
+    }
+    patched
+}
+
+/// Allocatable maps are equal by value ("8" == "8000m").
+fn assert_same_quantities(case: &str, actual: &Value, expected: &Value) {
+    let (Some(actual), Some(expected)) = (actual.as_object(), expected.as_object()) else {
+        panic!("{case}: allocatable is not a map: {actual} vs {expected}");
+    };
+    let keys = |m: &serde_json::Map<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(actual), keys(expected), "{case}: resources");
+    for (resource, want) in expected {
+        let got = actual
+            .get(resource)
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let want = want.as_str().unwrap_or_default();
+        assert_eq!(
+            Quantity::parse(got),
+            Quantity::parse(want),
+            "{case}: {resource} is {got}, expected {want}"
+        );
+    }
+}
+
+struct Case {
+    name: &'static str,
+    policies: &'static str,
+    node: Value,
+    /// Annotations of the stored node (oldObject), when different from the incoming ones.
+    stored: Option<Value>,
+    outcome: NodeOutcome,
+    allocatable: Value,
+    /// Expected annotations after the patch (None: both absent).
+    annotations: Option<Value>,
+}
+
+fn batch() -> Value {
+    json!({"pool": "batch"})
+}
+
+fn cases() -> Vec<Case> {
+    let policy = || NodeOutcome::Policy("batch".into());
+    vec![
+        Case {
+            name: "first status write inflates and records raw",
+            policies: BATCH_POLICIES,
+            node: node(batch(), None, raw_allocatable()),
+            stored: None,
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "registration without labels gets the catch-all policy",
+            policies: BATCH_POLICIES,
+            node: node(json!({}), None, raw_allocatable()),
+            stored: None,
+            outcome: NodeOutcome::Policy("everything".into()),
+            allocatable: with(raw_allocatable(), "/cpu", json!("4900m")),
+            annotations: Some(json!({
+                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m"}"#,
+                APPLIED_ANNOTATION: r#"{"policy":"everything","ratios":{"cpu":"1.25"}}"#,
+            })),
+        },
+        Case {
+            name: "kubelet heartbeat with raw values is inflated again, annotations kept",
+            policies: BATCH_POLICIES,
+            node: node(batch(), Some(batch_annotations()), raw_allocatable()),
+            stored: None,
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "someone else's status write keeps the inflated value: no change",
+            policies: BATCH_POLICIES,
+            node: node(batch(), Some(batch_annotations()), batch_allocatable()),
+            stored: None,
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "inflated value in another canonical spelling is still recognised",
+            policies: BATCH_POLICIES,
+            node: node(
+                batch(),
+                Some(batch_annotations()),
+                with(
+                    with(batch_allocatable(), "/cpu", json!("7.84")),
+                    "/memory",
+                    json!("23412025344"),
+                ),
+            ),
+            stored: None,
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "kubelet reports a new raw value: it becomes the raw",
+            policies: BATCH_POLICIES,
+            node: node(
+                batch(),
+                Some(batch_annotations()),
+                with(raw_allocatable(), "/cpu", json!("3")),
+            ),
+            stored: None,
+            outcome: policy(),
+            allocatable: with(batch_allocatable(), "/cpu", json!("6")),
+            annotations: Some(json!({
+                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3","example.com/gpu":"4","memory":"15242204Ki"}"#,
+                APPLIED_ANNOTATION: APPLIED_BATCH,
+            })),
+        },
+        Case {
+            name: "partial write: cpu from the kubelet, memory left inflated",
+            policies: BATCH_POLICIES,
+            node: node(
+                batch(),
+                Some(batch_annotations()),
+                with(batch_allocatable(), "/cpu", json!("3920m")),
+            ),
+            stored: None,
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "policy removed: allocatable back to raw, annotations removed",
+            policies: "",
+            node: node(batch(), Some(batch_annotations()), batch_allocatable()),
+            stored: None,
+            outcome: NodeOutcome::NoPolicy,
+            allocatable: raw_allocatable(),
+            annotations: None,
+        },
+        Case {
+            name: "policy removed while the kubelet writes its raw value",
+            policies: "",
+            node: node(batch(), Some(batch_annotations()), raw_allocatable()),
+            stored: None,
+            outcome: NodeOutcome::NoPolicy,
+            allocatable: raw_allocatable(),
+            annotations: None,
+        },
+        Case {
+            name: "opt-out label restores raw even though a policy matches",
+            policies: BATCH_POLICIES,
+            node: node(
+                json!({"pool": "batch", "overcommit.dev/disabled": "true"}),
+                Some(batch_annotations()),
+                batch_allocatable(),
+            ),
+            stored: None,
+            outcome: NodeOutcome::OptedOut,
+            allocatable: raw_allocatable(),
+            annotations: None,
+        },
+        Case {
+            name: "opt-out label with a value other than true does not opt out",
+            policies: BATCH_POLICIES,
+            node: node(
+                json!({"pool": "batch", "overcommit.dev/disabled": "false"}),
+                None,
+                raw_allocatable(),
+            ),
+            stored: None,
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "ratio raised: inflated from the recorded raw, not compounded",
+            policies: BATCH_RATIO_3,
+            node: node(batch(), Some(batch_annotations()), batch_allocatable()),
+            stored: None,
+            outcome: policy(),
+            allocatable: with(batch_allocatable(), "/cpu", json!("11760m")),
+            annotations: Some(json!({
+                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m","example.com/gpu":"4","memory":"15242204Ki"}"#,
+                APPLIED_ANNOTATION: r#"{"policy":"batch","ratios":{"cpu":"3","example.com/gpu":"2","memory":"1.5","pods":"1"}}"#,
+            })),
+        },
+        Case {
+            name: "resource dropped from the policy goes back to raw",
+            policies: BATCH_CPU_ONLY,
+            node: node(batch(), Some(batch_annotations()), batch_allocatable()),
+            stored: None,
+            outcome: policy(),
+            allocatable: with(raw_allocatable(), "/cpu", json!("7840m")),
+            annotations: Some(json!({
+                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m"}"#,
+                APPLIED_ANNOTATION: r#"{"policy":"batch","ratios":{"cpu":"2"}}"#,
+            })),
+        },
+        Case {
+            name: "node moved to another policy: inflated from the raw, not from the old result",
+            policies: BATCH_POLICIES,
+            node: node(
+                json!({"pool": "web"}),
+                Some(batch_annotations()),
+                batch_allocatable(),
+            ),
+            stored: None,
+            outcome: NodeOutcome::Policy("everything".into()),
+            allocatable: with(raw_allocatable(), "/cpu", json!("4900m")),
+            annotations: Some(json!({
+                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m"}"#,
+                APPLIED_ANNOTATION: r#"{"policy":"everything","ratios":{"cpu":"1.25"}}"#,
+            })),
+        },
+        Case {
+            name: "status write without annotations: the stored node's annotations are used",
+            policies: BATCH_POLICIES,
+            node: node(batch(), Some(json!({"other": "x"})), batch_allocatable()),
+            stored: Some(node(
+                batch(),
+                Some(batch_annotations()),
+                batch_allocatable(),
+            )),
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some({
+                let mut a = batch_annotations();
+                a["other"] = json!("x");
+                a
+            }),
+        },
+        Case {
+            name: "unreadable annotations are ignored and rewritten from the kubelet's value",
+            policies: BATCH_POLICIES,
+            node: node(
+                batch(),
+                Some(
+                    json!({RAW_ALLOCATABLE_ANNOTATION: "{not json", APPLIED_ANNOTATION: APPLIED_BATCH}),
+                ),
+                raw_allocatable(),
+            ),
+            stored: None,
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "node without labels, annotations or matching policy is left alone",
+            policies: BATCH_CPU_ONLY,
+            node: json!({"metadata": {"name": "n"}, "status": {"allocatable": raw_allocatable()}}),
+            stored: None,
+            outcome: NodeOutcome::NoPolicy,
+            allocatable: raw_allocatable(),
+            annotations: None,
+        },
+        Case {
+            name: "node without metadata gets metadata with annotations",
+            policies: BATCH_POLICIES,
+            node: json!({"status": {"allocatable": {"cpu": "2"}}}),
+            stored: None,
+            outcome: NodeOutcome::Policy("everything".into()),
+            allocatable: json!({"cpu": "2500m"}),
+            annotations: Some(json!({
+                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"2"}"#,
+                APPLIED_ANNOTATION: r#"{"policy":"everything","ratios":{"cpu":"1.25"}}"#,
+            })),
+        },
+        Case {
+            name: "garbage in a resource no policy touches is ignored",
+            policies: BATCH_CPU_ONLY,
+            node: node(
+                batch(),
+                None,
+                with(raw_allocatable(), "/pods", json!("lots")),
+            ),
+            stored: None,
+            outcome: policy(),
+            allocatable: with(
+                with(raw_allocatable(), "/pods", json!("lots")),
+                "/cpu",
+                json!("7840m"),
+            ),
+            annotations: Some(json!({
+                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m"}"#,
+                APPLIED_ANNOTATION: r#"{"policy":"batch","ratios":{"cpu":"2"}}"#,
+            })),
+        },
+    ]
+}
+
+#[test]
+fn node_rule_table() {
+    for case in cases() {
+        let set = policies(case.policies);
+        let decision = match decide_json(&case.node, case.stored.as_ref(), &set) {
+            Ok(d) => d,
+            Err(e) => panic!("{}: {e}", case.name),
+        };
+        assert_eq!(decision.outcome, case.outcome, "{}: outcome", case.name);
+        let patched = apply(&case.node, &decision.patch);
+        assert_same_quantities(
+            case.name,
+            patched
+                .pointer("/status/allocatable")
+                .unwrap_or(&Value::Null),
+            &case.allocatable,
+        );
+        assert_eq!(
+            patched.pointer("/status/capacity"),
+            case.node.pointer("/status/capacity"),
+            "{}: capacity",
+            case.name
+        );
+        assert_eq!(
+            patched.pointer("/metadata/labels"),
+            case.node.pointer("/metadata/labels"),
+            "{}: labels",
+            case.name
+        );
+        let ours = |node: &Value| {
+            let get = |key: &str| {
+                node.pointer("/metadata/annotations")
+                    .and_then(|a| a.get(key))
+                    .cloned()
+            };
+            (get(RAW_ALLOCATABLE_ANNOTATION), get(APPLIED_ANNOTATION))
+        };
+        let expected = match &case.annotations {
+            Some(a) => (
+                a.get(RAW_ALLOCATABLE_ANNOTATION).cloned(),
+                a.get(APPLIED_ANNOTATION).cloned(),
+            ),
+            None => (None, None),
+        };
+        assert_eq!(ours(&patched), expected, "{}: annotations", case.name);
+        if let Some(expected) = &case.annotations {
+            assert_eq!(
+                patched.pointer("/metadata/annotations"),
+                Some(expected),
+                "{}: other annotations",
+                case.name
+            );
+        }
+
+        // Idempotence: the output, reviewed again (retry, reinvocation, next write), is final.
+        let again = match decide_json(&patched, Some(&patched), &set) {
+            Ok(d) => d,
+            Err(e) => panic!("{} (second review): {e}", case.name),
+        };
+        assert_eq!(
+            again.patch,
+            vec![],
+            "{}: second review must not patch",
+            case.name
+        );
+        // ...and so is the same output seen with the old node as stored.
+        let third = match decide_json(&patched, Some(&case.node), &set) {
+            Ok(d) => d,
+            Err(e) => panic!("{} (third review): {e}", case.name),
+        };
+        assert_eq!(
+            third.patch,
+            vec![],
+            "{}: review with old stored node must not patch",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn steady_state_heartbeat_patches_only_allocatable() {
+    let set = policies(BATCH_POLICIES);
+    let stored = node(batch(), Some(batch_annotations()), batch_allocatable());
+    let incoming = node(batch(), Some(batch_annotations()), raw_allocatable());
+    let decision = decide_json(&incoming, Some(&stored), &set).unwrap_or_else(|e| panic!("{e}"));
+    let paths: Vec<&str> = decision.patch.iter().map(PatchOp::path).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "/status/allocatable/cpu",
+            "/status/allocatable/example.com~1gpu",
+            "/status/allocatable/memory"
+        ]
+    );
+    assert!(
+        decision
+            .patch
+            .iter()
+            .all(|op| matches!(op, PatchOp::Replace { .. }))
+    );
+}
+
+#[test]
+fn a_long_run_of_writes_never_compounds() {
+    // kubelet heartbeat, someone else's write, a retry, a reinvocation, a ratio change, the
+    // policy removed and put back: the stored value always follows the raw one.
+    let ratio_2 = policies(BATCH_POLICIES);
+    let ratio_3 = policies(BATCH_RATIO_3);
+    let none = policies("");
+    let mut stored = node(batch(), None, raw_allocatable());
+    let steps: [(&PolicySet, bool, &str); 8] = [
+        (&ratio_2, true, "7840m"),
+        (&ratio_2, false, "7840m"),
+        (&ratio_2, false, "7840m"),
+        (&ratio_2, true, "7840m"),
+        (&ratio_3, false, "11760m"),
+        (&ratio_3, true, "11760m"),
+        (&none, false, "3920m"),
+        (&ratio_2, true, "7840m"),
+    ];
+    for (step, (set, kubelet_writes, expected_cpu)) in steps.into_iter().enumerate() {
+        // The kubelet's PATCH carries its raw value; any other writer leaves allocatable as stored.
+        let incoming = if kubelet_writes {
+            with(stored.clone(), "/status/allocatable", raw_allocatable())
+        } else {
+            stored.clone()
+        };
+        let decision = decide_json(&incoming, Some(&stored), set)
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
+        stored = apply(&incoming, &decision.patch);
+        let cpu = stored
+            .pointer("/status/allocatable/cpu")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        assert_eq!(
+            Quantity::parse(cpu),
+            Quantity::parse(expected_cpu),
+            "step {step}"
+        );
+    }
+}
+
+#[test]
+fn value_above_capacity_that_we_did_not_write_fails_open() {
+    // Annotations lost everywhere and allocatable still inflated: inflating again would compound.
+    let set = policies(BATCH_POLICIES);
+    let incoming = node(batch(), None, batch_allocatable());
+    match decide_json(&incoming, Some(&incoming), &set) {
+        Err(InflateError::AboveCapacity { resource, .. }) => assert_eq!(resource, "cpu"),
+        other => panic!("expected AboveCapacity, got {other:?}"),
+    }
+}
+
+#[test]
+fn unparseable_allocatable_of_an_inflated_resource_is_an_error() {
+    let set = policies(BATCH_POLICIES);
+    let incoming = node(
+        batch(),
+        None,
+        with(raw_allocatable(), "/cpu", json!("four")),
+    );
+    match decide_json(&incoming, None, &set) {
+        Err(InflateError::Quantity { resource, .. }) => assert_eq!(resource, "cpu"),
+        other => panic!("expected a quantity error, got {other:?}"),
+    }
+}
+
+#[test]
+fn ratio_of_one_leaves_the_resource_alone_and_unrecorded() {
+    let set = policies(BATCH_POLICIES);
+    let incoming = node(
+        batch(),
+        None,
+        with(raw_allocatable(), "/pods", json!("110")),
+    );
+    let decision = decide_json(&incoming, None, &set).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        decision
+            .patch
+            .iter()
+            .all(|op| op.path() != "/status/allocatable/pods")
+    );
+    assert!(
+        decision
+            .resources
+            .iter()
+            .all(|line| line.resource != "pods")
+    );
+}
+
+#[test]
+fn flooring_to_millicores_and_bytes() {
+    let yaml = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: odd}
+spec:
+  nodeRatios: {cpu: "1.333333", memory: "1.1", ephemeral-storage: "1.000001"}
+"#;
+    let set = policies(yaml);
+    let incoming = node(
+        json!({}),
+        None,
+        json!({"cpu": "1", "memory": "1025", "ephemeral-storage": "1Gi"}),
+    );
+    let decision = decide_json(&incoming, None, &set).unwrap_or_else(|e| panic!("{e}"));
+    let result: Vec<(&str, &str)> = decision
+        .resources
+        .iter()
+        .map(|l| (l.resource.as_str(), l.result.as_str()))
+        .collect();
+    // 1 x 1.333333 = 1.333333 -> 1333m; 1025 x 1.1 = 1127.5 -> 1127; 1073741824 x 1.000001 -> 1073742897
+    assert_eq!(
+        result,
+        vec![
+            ("cpu", "1333m"),
+            ("ephemeral-storage", "1073742897"),
+            ("memory", "1127")
+        ]
+    );
+}
+
+#[test]
+fn explain_names_the_policy_and_each_resource() {
+    let set = policies(BATCH_POLICIES);
+    let incoming = node(batch(), Some(batch_annotations()), batch_allocatable());
+    let text = decide_json(&incoming, None, &set)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .explain();
+    assert!(text.contains("policy batch applies"), "{text}");
+    assert!(
+        text.contains("cpu: raw 3920m (from the raw-allocatable annotation) x 2 -> 7840m"),
+        "{text}"
+    );
+}

@@ -1,0 +1,102 @@
+//! JSON Patch (RFC 6902) operations, built by hand: the node and pod rules emit a few
+//! operations, so a small typed list serialised once is all that is needed. Pure.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// One JSON Patch operation. Paths are JSON Pointers (RFC 6901): build them with [`pointer`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum PatchOp {
+    /// Adds a member, or replaces it if it exists.
+    Add {
+        path: String,
+        value: Value,
+    },
+    /// Replaces a member that must exist.
+    Replace {
+        path: String,
+        value: Value,
+    },
+    Remove {
+        path: String,
+    },
+}
+
+impl PatchOp {
+    pub fn path(&self) -> &str {
+        match self {
+            PatchOp::Add { path, .. }
+            | PatchOp::Replace { path, .. }
+            | PatchOp::Remove { path } => path,
+        }
+    }
+}
+
+/// A JSON Pointer from unescaped segments: `~` becomes `~0` and `/` becomes `~1`, so
+/// `["metadata", "annotations", "overcommit.dev/applied"]` is
+/// `/metadata/annotations/overcommit.dev~1applied`.
+pub fn pointer<'a>(segments: impl IntoIterator<Item = &'a str>) -> String {
+    let mut out = String::new();
+    for segment in segments {
+        out.push('/');
+        for c in segment.chars() {
+            match c {
+                '~' => out.push_str("~0"),
+                '/' => out.push_str("~1"),
+                c => out.push(c),
+            }
+        }
+    }
+    out
+}
+
+/// The patch as JSON bytes.
+pub fn to_json(ops: &[PatchOp]) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointer_escapes_tilde_and_slash() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["status", "allocatable", "cpu"], "/status/allocatable/cpu"),
+            (
+                &["status", "allocatable", "nvidia.com/gpu"],
+                "/status/allocatable/nvidia.com~1gpu",
+            ),
+            (
+                &["metadata", "annotations", "a~b/c"],
+                "/metadata/annotations/a~0b~1c",
+            ),
+            (&["x", "~1"], "/x/~01"),
+            (&[], ""),
+        ];
+        for &(segments, expected) in cases {
+            assert_eq!(pointer(segments.iter().copied()), expected);
+        }
+    }
+
+    #[test]
+    fn serialises_as_rfc6902() {
+        let ops = vec![
+            PatchOp::Replace {
+                path: "/a".into(),
+                value: Value::from("1"),
+            },
+            PatchOp::Add {
+                path: "/b".into(),
+                value: Value::from("2"),
+            },
+            PatchOp::Remove { path: "/c".into() },
+        ];
+        let json = String::from_utf8(to_json(&ops).unwrap_or_default()).unwrap_or_default();
+        assert_eq!(
+            json,
+            r#"[{"op":"replace","path":"/a","value":"1"},{"op":"add","path":"/b","value":"2"},{"op":"remove","path":"/c"}]"#
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! OpenAPI schema pieces for the CRD, stating in the schema what `validate.rs` checks in code.
+//! Rules stay cheap for the API server's CEL cost estimator: bounded lists and maps, enums and
+//! patterns rather than CEL where a pattern can say it.
+
+use schemars::{Schema, SchemaGenerator, json_schema};
+
+use super::validate::MAX_NODE_RATIOS;
+use crate::quantity::Ratio;
+
+/// A label key: `[DNS-subdomain/]name`.
+const LABEL_KEY_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$";
+/// A label value: empty, or alphanumeric at both ends.
+const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+/// A non-negative quantity (what `Quantity::parse` accepts).
+pub const QUANTITY_PATTERN: &str =
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][-+]?[0-9]+))?$";
+
+pub fn node_selector(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Nodes this policy applies to; empty or absent selects every node.",
+        "type": "object",
+        "x-kubernetes-map-type": "atomic",
+        "properties": {
+            "matchLabels": {
+                "description": "Labels the node must carry with exactly these values.",
+                "type": "object",
+                "maxProperties": 64,
+                "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+            },
+            "matchExpressions": {
+                "description": "Requirements the node's labels must all meet.",
+                "type": "array",
+                "maxItems": 64,
+                "x-kubernetes-list-type": "atomic",
+                "items": {
+                    "type": "object",
+                    "required": ["key", "operator"],
+                    "properties": {
+                        "key": {"type": "string", "maxLength": 317, "pattern": LABEL_KEY_PATTERN},
+                        "operator": {"type": "string", "enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                        "values": {
+                            "type": "array",
+                            "maxItems": 256,
+                            "x-kubernetes-list-type": "atomic",
+                            "items": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+                        }
+                    },
+                    "x-kubernetes-validations": [{
+                        "rule": "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : (!has(self.values) || size(self.values) == 0)",
+                        "message": "operators In and NotIn need at least one value; Exists and DoesNotExist take none"
+                    }]
+                }
+            }
+        }
+    })
+}
+
+pub fn node_ratios(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Resource name (cpu, memory, ephemeral-storage, pods, or an extended resource such as example.com/gpu) -> multiplier of the kubelet's allocatable, a decimal string from 1 to 10 with at most 6 decimals.",
+        "type": "object",
+        "maxProperties": MAX_NODE_RATIOS,
+        "additionalProperties": {"type": "string", "pattern": Ratio::PATTERN}
+    })
+}
+
+pub fn pod_default_requests(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "cpu and/or memory request (a quantity greater than zero) for containers that set no request and no limit for it.",
+        "type": "object",
+        "maxProperties": 2,
+        "additionalProperties": {"type": "string", "maxLength": 64, "pattern": QUANTITY_PATTERN},
+        "x-kubernetes-validations": [{
+            "rule": "self.all(k, k in ['cpu', 'memory'])",
+            "message": "pod default requests may name cpu and memory only"
+        }]
+    })
+}
+
+pub fn request_to_limit_percent(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "cpu and/or memory -> percent (1 to 100): containers with a limit get request = limit x percent / 100.",
+        "type": "object",
+        "maxProperties": 2,
+        "additionalProperties": {"type": "integer", "format": "int32", "minimum": 1, "maximum": 100},
+        "x-kubernetes-validations": [{
+            "rule": "self.all(k, k in ['cpu', 'memory'])",
+            "message": "requestToLimitPercent may name cpu and memory only"
+        }]
+    })
+}

@@ -1,0 +1,243 @@
+//! The checks a policy must pass, in code: the same rules the CRD schema states (see
+//! `schema.rs`), applied to policies from a file, and to CRD objects as a second line.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::selector::{Requirement, Selector};
+use super::{
+    CompiledPodDefaults, CompiledPolicy, OvercommitPolicy, POD_DEFAULT_RESOURCES, PRIORITY_RANGE,
+    PolicyError,
+};
+use crate::quantity::{Quantity, Ratio};
+
+/// Resource names without a domain that may carry a node ratio.
+pub const STANDARD_NODE_RESOURCES: [&str; 4] = ["cpu", "memory", "ephemeral-storage", "pods"];
+
+/// Most node ratios a policy may list (also the CRD's maxProperties).
+pub const MAX_NODE_RATIOS: usize = 32;
+
+pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, PolicyError> {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let invalid = |reason: String| PolicyError::Invalid {
+        name: if name.is_empty() {
+            "<unnamed>".to_string()
+        } else {
+            name.clone()
+        },
+        reason,
+    };
+    if name.is_empty() {
+        return Err(invalid("metadata.name is required".into()));
+    }
+    if !is_dns_subdomain(&name) {
+        return Err(invalid(format!(
+            "metadata.name {name:?} must be a DNS subdomain (lowercase letters, digits, '-' and '.')"
+        )));
+    }
+    let spec = &policy.spec;
+    if !PRIORITY_RANGE.contains(&spec.priority) {
+        return Err(invalid(format!(
+            "spec.priority {} must be between {} and {}",
+            spec.priority,
+            PRIORITY_RANGE.start(),
+            PRIORITY_RANGE.end()
+        )));
+    }
+    let selector = match &spec.node_selector {
+        Some(selector) => compile_selector(selector).map_err(invalid)?,
+        None => Selector::default(),
+    };
+    if spec.node_ratios.len() > MAX_NODE_RATIOS {
+        return Err(invalid(format!(
+            "spec.nodeRatios lists more than {MAX_NODE_RATIOS} resources"
+        )));
+    }
+    let mut ratios = BTreeMap::new();
+    for (resource, text) in &spec.node_ratios {
+        check_node_resource(resource).map_err(|r| invalid(format!("spec.nodeRatios: {r}")))?;
+        let ratio =
+            Ratio::parse(text).map_err(|e| invalid(format!("spec.nodeRatios[{resource}]: {e}")))?;
+        ratios.insert(resource.clone(), (text.clone(), ratio));
+    }
+    let pod_defaults = match &spec.pod_defaults {
+        None => None,
+        Some(defaults) => {
+            let mut requests = BTreeMap::new();
+            for (resource, text) in &defaults.requests {
+                check_pod_resource(resource)
+                    .map_err(|r| invalid(format!("spec.podDefaults.requests: {r}")))?;
+                let quantity = Quantity::parse(text)
+                    .map_err(|e| invalid(format!("spec.podDefaults.requests[{resource}]: {e}")))?;
+                if quantity.is_zero() {
+                    return Err(invalid(format!(
+                        "spec.podDefaults.requests[{resource}] must be greater than zero"
+                    )));
+                }
+                requests.insert(resource.clone(), quantity);
+            }
+            for (resource, percent) in &defaults.request_to_limit_percent {
+                check_pod_resource(resource)
+                    .map_err(|r| invalid(format!("spec.podDefaults.requestToLimitPercent: {r}")))?;
+                if !(1..=100).contains(percent) {
+                    return Err(invalid(format!(
+                        "spec.podDefaults.requestToLimitPercent[{resource}] is {percent}, must be 1 to 100"
+                    )));
+                }
+            }
+            Some(CompiledPodDefaults {
+                requests,
+                request_to_limit_percent: defaults.request_to_limit_percent.clone(),
+            })
+        }
+    };
+    Ok(CompiledPolicy {
+        name,
+        priority: spec.priority,
+        selector,
+        ratios,
+        pod_defaults,
+    })
+}
+
+fn compile_selector(selector: &LabelSelector) -> Result<Selector, String> {
+    let mut requirements = Vec::new();
+    for (key, value) in selector.match_labels.iter().flatten() {
+        check_label_key(key).map_err(|r| format!("spec.nodeSelector.matchLabels: {r}"))?;
+        check_label_value(value)
+            .map_err(|r| format!("spec.nodeSelector.matchLabels[{key}]: {r}"))?;
+        requirements.push(Requirement::In(
+            key.clone(),
+            BTreeSet::from([value.clone()]),
+        ));
+    }
+    for (index, expression) in selector.match_expressions.iter().flatten().enumerate() {
+        let at = format!("spec.nodeSelector.matchExpressions[{index}]");
+        let key = &expression.key;
+        check_label_key(key).map_err(|r| format!("{at}: {r}"))?;
+        let values = expression.values.clone().unwrap_or_default();
+        for value in &values {
+            check_label_value(value).map_err(|r| format!("{at}.values: {r}"))?;
+        }
+        let set: BTreeSet<String> = values.iter().cloned().collect();
+        let requirement = match expression.operator.as_str() {
+            "In" | "NotIn" if set.is_empty() => {
+                return Err(format!(
+                    "{at}: operator {} needs at least one value",
+                    expression.operator
+                ));
+            }
+            "Exists" | "DoesNotExist" if !set.is_empty() => {
+                return Err(format!(
+                    "{at}: operator {} takes no values",
+                    expression.operator
+                ));
+            }
+            "In" => Requirement::In(key.clone(), set),
+            "NotIn" => Requirement::NotIn(key.clone(), set),
+            "Exists" => Requirement::Exists(key.clone()),
+            "DoesNotExist" => Requirement::DoesNotExist(key.clone()),
+            other => {
+                return Err(format!(
+                    "{at}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
+                ));
+            }
+        };
+        requirements.push(requirement);
+    }
+    Ok(Selector { requirements })
+}
+
+/// cpu, memory, ephemeral-storage, pods, or an extended resource `domain/name` outside
+/// kubernetes.io. Hugepages are never overcommitted: they are reserved memory.
+pub fn check_node_resource(name: &str) -> Result<(), String> {
+    if STANDARD_NODE_RESOURCES.contains(&name) {
+        return Ok(());
+    }
+    let Some((domain, _)) = name.split_once('/') else {
+        return Err(format!(
+            "resource {name:?} is not one of cpu, memory, ephemeral-storage, pods, or an extended \
+             resource like example.com/device"
+        ));
+    };
+    if domain == "kubernetes.io" || domain.ends_with(".kubernetes.io") {
+        return Err(format!(
+            "resource {name:?}: kubernetes.io resources cannot be overcommitted"
+        ));
+    }
+    check_qualified_name(name).map_err(|r| format!("resource {name:?}: {r}"))
+}
+
+fn check_pod_resource(name: &str) -> Result<(), String> {
+    if POD_DEFAULT_RESOURCES.contains(&name) {
+        Ok(())
+    } else {
+        Err(format!("resource {name:?} must be cpu or memory"))
+    }
+}
+
+fn check_label_key(key: &str) -> Result<(), String> {
+    check_qualified_name(key).map_err(|r| format!("label key {key:?}: {r}"))
+}
+
+/// A label value: empty, or up to 63 of [A-Za-z0-9-_.] starting and ending alphanumeric.
+pub fn check_label_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || is_name_part(value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "label value {value:?} must be at most 63 characters of letters, digits, '-', '_', '.', \
+             starting and ending with a letter or digit"
+        ))
+    }
+}
+
+/// `[prefix/]name`: prefix a DNS subdomain, name up to 63 of [A-Za-z0-9-_.].
+fn check_qualified_name(text: &str) -> Result<(), String> {
+    let (prefix, name) = match text.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, text),
+    };
+    if let Some(prefix) = prefix
+        && !is_dns_subdomain(prefix)
+    {
+        return Err(format!("prefix {prefix:?} must be a DNS subdomain"));
+    }
+    if !is_name_part(name) {
+        return Err(format!(
+            "name {name:?} must be 1 to 63 characters of letters, digits, '-', '_', '.', starting \
+             and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+fn is_name_part(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let edge = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphanumeric);
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && edge(bytes.first())
+        && edge(bytes.last())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// RFC 1123 subdomain: at most 253 characters, dot-separated lowercase labels.
+pub fn is_dns_subdomain(text: &str) -> bool {
+    text.len() <= 253
+        && text.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            let edge =
+                |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+            !bytes.is_empty()
+                && bytes.len() <= 63
+                && edge(bytes.first())
+                && edge(bytes.last())
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        })
+}

@@ -1,0 +1,181 @@
+//! `kube-overcommit review` and `kube-overcommit crd`: try policies on a review offline, and
+//! print the CustomResourceDefinition. Reads files and writes to stdout/stderr; the decision is
+//! `admission::handle`, exactly what `serve` answers.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+use crate::admission::{self, Outcome, Settings};
+use crate::policy::{self, PolicySet};
+
+/// Print the AdmissionReview response `serve` would give for a review.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReviewArgs {
+    /// Policies to apply: a YAML file of one or more OvercommitPolicy documents.
+    #[arg(long, env = "KUBE_OVERCOMMIT_POLICY_FILE")]
+    pub policy_file: PathBuf,
+    /// An AdmissionReview (JSON) to answer, or `-` for stdin. A bare Node (as from
+    /// `kubectl get node NAME -o json`) is reviewed as its kubelet's next status update; a bare
+    /// Pod as its creation.
+    #[arg(default_value = "-")]
+    pub input: String,
+    /// Also print a short account (which policy, raw -> new per resource) to stderr.
+    #[arg(long)]
+    pub explain: bool,
+    /// The webhook's own namespace: its pods are never touched.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_NAMESPACE",
+        default_value = "kube-overcommit"
+    )]
+    pub own_namespace: String,
+}
+
+/// Run `review`: the response JSON on stdout; with `--explain`, the account on stderr.
+pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
+    let policy_text = std::fs::read_to_string(&args.policy_file)
+        .with_context(|| format!("reading policy file {}", args.policy_file.display()))?;
+    let policies = policy::parse_policy_file(&policy_text)
+        .and_then(PolicySet::new)
+        .with_context(|| format!("policy file {}", args.policy_file.display()))?;
+    let input = read_input(&args.input)?;
+    let body = as_review(&input)?;
+    let settings = Settings {
+        own_namespace: args.own_namespace.clone(),
+    };
+    let (handled, reason) = admission::handle_with_reason(&body, &policies, &settings);
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(&handled.body)?;
+    stdout.write_all(b"\n")?;
+    stdout.flush()?;
+    if args.explain {
+        let account = match admission::explain(&body, &policies, &settings) {
+            Ok(decision) => decision.explain(),
+            Err(reason) => format!("failed open (allowed, unchanged): {reason}\n"),
+        };
+        eprint!("{account}");
+    }
+    match handled.outcome {
+        Outcome::BadRequest => bail!("not an AdmissionReview: {}", reason.unwrap_or_default()),
+        Outcome::FailedOpen => {
+            eprintln!(
+                "warning: the review fails open (allowed, unchanged): {}",
+                reason.unwrap_or_default()
+            );
+            Ok(())
+        }
+        Outcome::Patched | Outcome::Unchanged => Ok(()),
+    }
+}
+
+/// Run `crd`: the CustomResourceDefinition YAML on stdout.
+pub fn run_crd() -> anyhow::Result<()> {
+    let yaml = policy::crd_yaml().context("generating the CRD")?;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(yaml.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
+}
+
+fn read_input(input: &str) -> anyhow::Result<Vec<u8>> {
+    if input == "-" {
+        let mut body = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut body)
+            .context("reading the review from stdin")?;
+        Ok(body)
+    } else {
+        std::fs::read(input).with_context(|| format!("reading {input}"))
+    }
+}
+
+/// An AdmissionReview as is; a bare Node or Pod wrapped in the review the API server would send.
+fn as_review(input: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let value: serde_json::Value = match serde_json::from_slice(input) {
+        Ok(value) => value,
+        // Not JSON: let `handle` give its 400 answer and message.
+        Err(_) => return Ok(input.to_vec()),
+    };
+    let kind = value
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or_default();
+    let (resource, sub_resource, operation, old) = match kind {
+        "Node" => ("nodes", Some("status"), "UPDATE", true),
+        "Pod" => ("pods", None, "CREATE", false),
+        _ => return Ok(input.to_vec()),
+    };
+    let metadata = value.get("metadata");
+    let field = |name: &str| {
+        metadata
+            .and_then(|m| m.get(name))
+            .cloned()
+            .unwrap_or(serde_json::Value::Null)
+    };
+    let mut request = serde_json::json!({
+        "uid": "kube-overcommit-review",
+        "kind": {"group": "", "version": "v1", "kind": kind},
+        "resource": {"group": "", "version": "v1", "resource": resource},
+        "name": field("name"),
+        "operation": operation,
+        "object": value,
+    });
+    if let Some(sub) = sub_resource {
+        request["subResource"] = sub.into();
+    }
+    if kind == "Pod" {
+        request["namespace"] = field("namespace");
+    }
+    if old {
+        request["oldObject"] = request["object"].clone();
+    }
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": request,
+    });
+    Ok(serde_json::to_vec(&review)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_node_is_reviewed_as_a_status_update() {
+        let node = br#"{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1"},"status":{"allocatable":{"cpu":"2"}}}"#;
+        let review: serde_json::Value = match as_review(node).map(|b| serde_json::from_slice(&b)) {
+            Ok(Ok(v)) => v,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(review["request"]["operation"], "UPDATE");
+        assert_eq!(review["request"]["subResource"], "status");
+        assert_eq!(review["request"]["name"], "n1");
+        assert_eq!(review["request"]["oldObject"], review["request"]["object"]);
+    }
+
+    #[test]
+    fn bare_pod_is_reviewed_as_its_creation() {
+        let pod = br#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"team"},"spec":{"containers":[]}}"#;
+        let review: serde_json::Value = match as_review(pod).map(|b| serde_json::from_slice(&b)) {
+            Ok(Ok(v)) => v,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(review["request"]["operation"], "CREATE");
+        assert_eq!(review["request"]["namespace"], "team");
+        assert!(review["request"].get("oldObject").is_none());
+    }
+
+    #[test]
+    fn reviews_and_garbage_pass_through_unchanged() {
+        for input in [
+            &br#"{"kind":"AdmissionReview"}"#[..],
+            b"not json",
+            b"{\"kind\":\"Lease\"}",
+        ] {
+            assert_eq!(as_review(input).ok().as_deref(), Some(input));
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! One webhook connection: TLS handshake (bounded), HTTP/2 when ALPN chose `h2` and
+//! HTTP/1.1 otherwise, a header-read timeout counted from the first byte of each request, an
+//! idle timeout, and graceful close on drain.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use super::routes::App;
+use crate::metrics::Metrics;
+
+pub(super) struct Connection {
+    pub acceptor: TlsAcceptor,
+    pub app: Arc<App>,
+    pub http1: Arc<auto::Builder<TokioExecutor>>,
+    pub http2: Arc<auto::Builder<TokioExecutor>>,
+    pub metrics: Arc<Metrics>,
+    pub handshake_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub drain: watch::Receiver<bool>,
+}
+
+/// What the connection is doing, shared by the I/O wrapper, the service and the watchdogs.
+/// Times are milliseconds since the connection opened; 0 means "none".
+struct Activity {
+    opened: Instant,
+    in_flight: AtomicUsize,
+    /// When the last request started or ended.
+    last_ms: AtomicU64,
+    /// When the first byte of a request whose headers are not complete arrived (+1).
+    headers_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+    fn touch(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+}
+
+struct InFlight<'a>(&'a Activity);
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+    }
+}
+
+struct OpenGauge(Arc<Metrics>);
+impl Drop for OpenGauge {
+    fn drop(&mut self) {
+        self.0.open_connections.dec();
+    }
+}
+
+impl Connection {
+    pub async fn serve(mut self, tcp: TcpStream, peer: SocketAddr) {
+        let _ = tcp.set_nodelay(true);
+        self.metrics.open_connections.inc();
+        let _open = OpenGauge(self.metrics.clone());
+
+        let tls =
+            match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    self.metrics.tls_handshake_failures.inc();
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    self.metrics.tls_handshake_failures.inc();
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+        let is_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+
+        let activity = Arc::new(Activity {
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(0),
+            headers_since_ms: AtomicU64::new(0),
+        });
+        let app = self.app.clone();
+        let act = activity.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let app = app.clone();
+            let act = act.clone();
+            async move {
+                act.in_flight.fetch_add(1, Ordering::Relaxed);
+                act.headers_since_ms.store(0, Ordering::Relaxed);
+                let _guard = InFlight(&act);
+                Ok::<_, std::convert::Infallible>(app.route(req).await)
+            }
+        });
+        let io = TokioIo::new(Watched {
+            inner: tls,
+            activity: activity.clone(),
+            // HTTP/2 sends frames (pings, settings) between requests; its streams are not timed here.
+            track_headers: !is_h2,
+        });
+        let http = if is_h2 {
+            self.http2.clone()
+        } else {
+            self.http1.clone()
+        };
+        let mut conn = pin!(http.serve_connection(io, service));
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = super::turned_true(&mut self.drain), if !closing => {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                _ = idle(&activity, self.idle_timeout), if !closing => {
+                    closing = true;
+                    tracing::debug!(%peer, "closing idle connection");
+                    conn.as_mut().graceful_shutdown();
+                }
+                _ = slow_headers(&activity, self.header_read_timeout), if !is_h2 => {
+                    tracing::debug!(%peer, "request headers not received in time; closing");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once the connection had no request in flight for `timeout`.
+async fn idle(activity: &Activity, timeout: Duration) {
+    loop {
+        let since = Duration::from_millis(
+            activity
+                .now_ms()
+                .saturating_sub(activity.last_ms.load(Ordering::Relaxed)),
+        );
+        if activity.in_flight.load(Ordering::Relaxed) == 0 && since >= timeout {
+            return;
+        }
+        let wait = timeout
+            .saturating_sub(since)
+            .max(Duration::from_millis(100));
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Resolves once a request's headers have been arriving for longer than `timeout`.
+async fn slow_headers(activity: &Activity, timeout: Duration) {
+    let check = (timeout / 4).max(Duration::from_millis(50));
+    loop {
+        let since = activity.headers_since_ms.load(Ordering::Relaxed);
+        if since == 0 {
+            tokio::time::sleep(check).await;
+            continue;
+        }
+        let waited = Duration::from_millis(activity.now_ms().saturating_sub(since - 1));
+        if waited >= timeout {
+            return;
+        }
+        tokio::time::sleep(timeout - waited).await;
+    }
+}
+
+/// The TLS stream, noting when a new request's first bytes arrive (for the header timeout).
+struct Watched<T> {
+    inner: T,
+    activity: Arc<Activity>,
+    track_headers: bool,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if this.track_headers
+            && buf.filled().len() > before
+            && this.activity.in_flight.load(Ordering::Relaxed) == 0
+            && this.activity.headers_since_ms.load(Ordering::Relaxed) == 0
+        {
+            let now = this.activity.now_ms();
+            this.activity
+                .headers_since_ms
+                .store(now + 1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}

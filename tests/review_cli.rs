@@ -1,0 +1,168 @@
+//! The `review` and `crd` commands of the real binary.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-overcommit");
+const DIR: &str = env!("CARGO_MANIFEST_DIR");
+
+fn run(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = match Command::new(BIN)
+        .args(args)
+        .current_dir(DIR)
+        .env_remove("KUBE_OVERCOMMIT_POLICY_FILE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => panic!("cannot run {BIN}: {e}"),
+    };
+    // Dropping the pipe closes stdin.
+    if let (Some(mut pipe), Some(input)) = (child.stdin.take(), stdin) {
+        let _ = pipe.write_all(input);
+    }
+    match child.wait_with_output() {
+        Ok(output) => output,
+        Err(e) => panic!("{BIN}: {e}"),
+    }
+}
+
+fn json(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(bytes)))
+}
+
+#[test]
+fn review_prints_the_response_serve_would_give() {
+    let out = run(
+        &[
+            "review",
+            "--policy-file",
+            "tests/fixtures/policies.yaml",
+            "tests/fixtures/node-status-update.json",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let review = json(&out.stdout);
+    assert_eq!(review["kind"], "AdmissionReview");
+    assert_eq!(
+        review["response"]["uid"],
+        "3c5d2a11-4e7f-4b1a-9d2c-8f6e0a1b2c3d"
+    );
+    assert_eq!(review["response"]["allowed"], true);
+    assert_eq!(review["response"]["patchType"], "JSONPatch");
+}
+
+#[test]
+fn review_explain_names_policy_and_values() {
+    let body = std::fs::read(format!("{DIR}/tests/fixtures/node-create.json")).unwrap_or_default();
+    let out = run(
+        &[
+            "review",
+            "--policy-file",
+            "tests/fixtures/policies.yaml",
+            "--explain",
+            "-",
+        ],
+        Some(&body),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let account = String::from_utf8_lossy(&out.stderr);
+    assert!(account.contains("policy batch applies"), "{account}");
+    assert!(
+        account.contains("cpu: raw 7910m (reported by the kubelet) x 2 -> 15820m"),
+        "{account}"
+    );
+    assert!(
+        account.contains("add /metadata/annotations/overcommit.dev~1raw-allocatable"),
+        "{account}"
+    );
+}
+
+#[test]
+fn review_accepts_a_bare_node() {
+    let node =
+        br#"{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1","labels":{"pool":"batch"}},
+                   "status":{"capacity":{"cpu":"4"},"allocatable":{"cpu":"4"}}}"#;
+    let out = run(
+        &[
+            "review",
+            "--policy-file",
+            "tests/fixtures/policies.yaml",
+            "--explain",
+        ],
+        Some(node),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("cpu: raw 4 (reported by the kubelet) x 2 -> 8")
+    );
+}
+
+#[test]
+fn review_refuses_a_bad_policy_file_with_a_clear_message() {
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("{e}"),
+    };
+    let path = dir.path().join("bad.yaml");
+    let bad = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: x}\nspec: {nodeRatios: {cpu: \"20\"}}\n";
+    if let Err(e) = std::fs::write(&path, bad) {
+        panic!("{e}");
+    }
+    let path = path.to_string_lossy().to_string();
+    let out = run(
+        &[
+            "review",
+            "--policy-file",
+            &path,
+            "tests/fixtures/node-create.json",
+        ],
+        None,
+    );
+    assert!(!out.status.success());
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        message.contains("policy x") && message.contains("between 1 and 10"),
+        "{message}"
+    );
+}
+
+#[test]
+fn review_of_garbage_fails_with_the_400_message() {
+    let out = run(
+        &["review", "--policy-file", "tests/fixtures/policies.yaml"],
+        Some(b"{not json"),
+    );
+    assert!(!out.status.success());
+    assert_eq!(json(&out.stdout)["code"], 400);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an AdmissionReview"));
+}
+
+#[test]
+fn crd_prints_the_checked_in_definition() {
+    let out = run(&["crd"], None);
+    assert!(out.status.success());
+    let committed =
+        std::fs::read(format!("{DIR}/deploy/crd/overcommitpolicies.yaml")).unwrap_or_default();
+    assert!(
+        out.stdout == committed,
+        "deploy/crd/overcommitpolicies.yaml is stale: run `make crd`"
+    );
+}
