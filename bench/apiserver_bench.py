@@ -96,9 +96,18 @@ class Api:
 
     def request(self, method: str, path: str, body=None, content_type="application/json") -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
-        self.conn.request(method, path, body=data, headers=self.headers(content_type if data is not None else None))
-        r = self.conn.getresponse()
-        return r.status, r.read()
+        for attempt in (1, 2):
+            try:
+                self.conn.request(method, path, body=data, headers=self.headers(content_type if data is not None else None))
+                r = self.conn.getresponse()
+                return r.status, r.read()
+            except (http.client.RemoteDisconnected, ConnectionError):
+                # The API server closes idle keep-alive connections (during a long watch): reconnect once.
+                self.conn.close()
+                self.conn = self.new_conn()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def get(self, path: str):
         status, body = self.request("GET", path)

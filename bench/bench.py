@@ -542,7 +542,8 @@ def cmd_profile(args) -> int:
     try:
         start_all([s], {args.payload: files[args.payload]}, tls)
         load(oha, s, args.payload, files[args.payload], tls, conns=16, seconds=1)
-        rec = subprocess.Popen(["perf", "record", "-F", "1999", "-g", "--call-graph", "dwarf,16384" if args.dwarf else "fp",
+        graph = ["--call-graph", "dwarf,16384"] if args.dwarf else []  # flat self time by default
+        rec = subprocess.Popen(["perf", "record", "-F", "1999", *graph,
                                 "-o", str(data), "-p", str(s.proc.pid), "--", "sleep", str(args.seconds)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         r = load(oha, s, args.payload, files[args.payload], tls, conns=32, seconds=args.seconds)
@@ -551,11 +552,27 @@ def cmd_profile(args) -> int:
     finally:
         s.stop()
     report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "symbol", "--stdio",
-                             "--percent-limit", "0.7", "-g", "none"], capture_output=True, text=True).stdout
+                             "--percent-limit", "0.7", *(["-g", "caller,0.5,callee,function,percent"] if args.dwarf else [])], capture_output=True, text=True).stdout
     out = OUT / f"profile-{s.name}-{args.payload}.txt"
     out.write_text(report)
     print(report)
     log(f"wrote {out}")
+    return 0
+
+
+def cmd_apiserver(args) -> int:
+    """Only the API-server part; merged into bench/out/results.json, BENCHMARKS.md re-rendered."""
+    import apiserver_bench
+    import report
+    bins = build(args.no_build)
+    tls = OUT / "tls"
+    make_certs(tls)
+    ensure_payloads(False)
+    path = OUT / "results.json"
+    results = json.loads(path.read_text())
+    results["apiserver"] = apiserver_bench.run(bins, tls, nodes=args.nodes, quick=args.quick)
+    path.write_text(json.dumps(results, indent=1))
+    report.write(results, ROOT / "BENCHMARKS.md")
     return 0
 
 
@@ -579,13 +596,18 @@ def main() -> int:
     s = sub.add_parser("smoke")
     s.add_argument("--requests", type=int, default=200)
     sub.add_parser("report")
+    ap_ = sub.add_parser("apiserver")
+    ap_.add_argument("--nodes", type=int, default=int(os.environ.get("BENCH_NODES", "250")))
+    ap_.add_argument("--quick", action="store_true")
+    ap_.add_argument("--no-build", action="store_true")
     pr = sub.add_parser("profile")
     pr.add_argument("--server", default="kube-overcommit")
     pr.add_argument("--payload", default="node-55k")
     pr.add_argument("--seconds", type=int, default=10)
     pr.add_argument("--dwarf", action="store_true", help="DWARF call graphs (bigger, slower)")
     args = ap.parse_args()
-    return {"run": cmd_run, "smoke": cmd_smoke, "report": cmd_report, "profile": cmd_profile}[args.cmd](args)
+    return {"run": cmd_run, "smoke": cmd_smoke, "report": cmd_report, "profile": cmd_profile,
+            "apiserver": cmd_apiserver}[args.cmd](args)
 
 
 if __name__ == "__main__":

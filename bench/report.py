@@ -32,6 +32,12 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
         ratio_floor = p["max"]["rps"] / fl["max"]["rps"]
         out.append(("throughput >= 5x Go's (55 KB review)", f"{ratio_go:.2f}x", ratio_go >= 5))
         out.append(("throughput >= 70% of the floor's (55 KB review)", f"{ratio_floor * 100:.0f}%", ratio_floor >= 0.7))
+        # The closed loop is bounded by the one-core load generator (see the server CPU share
+        # column), so the servers' own cost per request is the sharper comparison.
+        cap = lambda x: 1000 / x["max"]["cpu_s_per_1k"]  # noqa: E731
+        out.append(("same, by server CPU per request (req/s one core could serve: 1 / CPU per request)",
+                    f"{cap(p) / cap(fl) * 100:.0f}% ({cap(p):,.0f} vs {cap(fl):,.0f} req/s per core; Go {cap(g):,.0f}, "
+                    f"so {cap(p) / cap(g):.1f}x Go)", cap(p) / cap(fl) >= 0.7))
         half = p["half_max"]
         out.append(("p99 < 2 ms at half of max throughput (55 KB review)",
                     f"{half['p99_ms']:.2f} ms at {half['rps']:,.0f} req/s", half["p99_ms"] < 2.0))
@@ -81,14 +87,18 @@ def render(results: dict) -> str:
     payload_names = list(results.get("payloads", {}))
     for payload in payload_names:
         L.append(f"## {payload}\n")
-        L.append("Closed loop (maximum throughput, best of 16 and 64 connections):\n")
-        L.append("| server | req/s | p50 ms | p99 ms | p99.9 ms | CPU s / 1,000 req | conns |")
-        L.append("|---|---|---|---|---|---|---|")
+        L.append("Closed loop (maximum throughput, best of 16 and 64 connections). The load generator has one core too; "
+                 "where the server's CPU share stays well under 100% the generator (and the shared machine), not the "
+                 "server, set the rate, and the per-core column is the server's own capacity:\n")
+        L.append("| server | req/s | p50 ms | p99 ms | p99.9 ms | CPU s / 1,000 req | server CPU share | req/s per core (1 / CPU per req) | conns |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
         for name, s in servers.items():
             r = s["payloads"].get(payload, {}).get("max")
             if r:
+                share = r["rps"] * r["cpu_s_per_1k"] / 1000 if r["cpu_s_per_1k"] else None
+                per_core = 1000 / r["cpu_s_per_1k"] if r["cpu_s_per_1k"] else None
                 L.append(f"| {name} | {_f(r['rps'], 0)} | {_f(r['p50_ms'])} | {_f(r['p99_ms'])} | {_f(r['p999_ms'])} | "
-                         f"{_f(r['cpu_s_per_1k'], 4)} | {r['conns']} |")
+                         f"{_f(r['cpu_s_per_1k'], 4)} | {'–' if share is None else f'{share * 100:.0f}%'} | {_f(per_core, 0)} | {r['conns']} |")
         try:
             prod = servers[PRODUCT]["payloads"][payload]["max"]["rps"]
             L.append("")
