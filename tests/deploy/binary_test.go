@@ -130,7 +130,9 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		}
 		r.addr, r.probe = freeAddr(t), freeAddr(t)
 		r.cmd = exec.Command(bin, "serve", "--listen="+r.addr, "--probe-listen="+r.probe,
-			"--tls-dir="+tlsDir, "--shutdown-grace=5s")
+			"--tls-dir="+tlsDir, "--shutdown-grace=5s",
+			// Exit with the test process, even if it is killed (a CI timeout).
+			fmt.Sprintf("--exit-with-pid=%d", os.Getpid()))
 		r.cmd.Env = append(os.Environ(), "KUBECONFIG="+saKubeconfig, "POD_NAME="+r.name, "POD_NAMESPACE="+ns,
 			"RUST_LOG=info,kube_client=warn,kube_runtime=warn")
 		r.cmd.Stdout, r.cmd.Stderr = r.log, r.log
