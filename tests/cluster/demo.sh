@@ -48,6 +48,6 @@ step "build 3/3" "the demo driver: go build ./cmd/demo"
 demo_bin="$repo/target/demo/kube-overcommit-demo"
 mkdir -p "$(dirname "$demo_bin")"
 (cd "$here" && GOFLAGS="-p=2 ${GOFLAGS:-}" go build -o "$demo_bin" ./cmd/demo)
-echo "    built in $((SECONDS - start))s"
+echo "    everything built in $((SECONDS - start))s"
 
 KUBE_OVERCOMMIT_BIN="${KUBE_OVERCOMMIT_BIN:-$repo/target/release/kube-overcommit}" exec "$demo_bin" run "$@"
