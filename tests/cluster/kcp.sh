@@ -2,7 +2,8 @@
 # Builds the kcp binary if needed and runs it: tests/cluster/kcp.sh <subcommand> [args].
 #
 # The binary is cached outside the clone, in ${XDG_CACHE_HOME:-$HOME/.cache}/kube-overcommit/,
-# named by a hash of go.mod, go.sum, the harness's own non-test .go sources and the Go version,
+# named by a hash of go.mod, go.sum, the non-test .go sources compiled into kcp (cmd/kcp,
+# internal/) and the Go version,
 # so a fresh clone reuses it and only a change rebuilds it.
 #   kcp.sh build   build if needed, print the binary's path
 #   kcp.sh path    print the path the binary has (or would have)
@@ -14,7 +15,7 @@ hash_inputs() {
 	cd "$here"
 	go env GOVERSION GOOS GOARCH
 	sha256sum go.mod go.sum
-	find cmd internal -name '*.go' ! -name '*_test.go' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+	find cmd/kcp internal -name '*.go' ! -name '*_test.go' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
 }
 hash="$(hash_inputs | sha256sum | cut -c1-16)"
 bin="$cache/kcp-$hash"
