@@ -18,3 +18,4 @@ pub mod quantity;
 pub mod review;
 pub mod server;
 pub mod sources;
+pub mod watch;

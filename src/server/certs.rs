@@ -18,7 +18,7 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use crate::metrics::{Metrics, ReloadLabels, ReloadResult};
 use crate::probes::ReadyFlag;
@@ -231,56 +231,13 @@ impl CertReloader {
 
     /// Reload on every change in the directory (unless `watch_files` is false) and every
     /// `interval`, until `stop` is true.
-    pub async fn run(
-        mut self,
-        interval: Duration,
-        watch_files: bool,
-        mut stop: watch::Receiver<bool>,
-    ) {
-        let changed = Arc::new(Notify::new());
-        let _watcher = if watch_files {
-            watch_dir(&self.dir, changed.clone())
-        } else {
-            None
-        };
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = changed.notified() => {
-                    // Let a burst of events (the kubelet writes several entries) settle.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                _ = tick.tick() => {}
-                _ = crate::server::turned_true(&mut stop) => return,
-            }
+    pub async fn run(mut self, interval: Duration, watch_files: bool, stop: watch::Receiver<bool>) {
+        let dir = self.dir.clone();
+        crate::watch::reload_on_change(&dir, interval, watch_files, stop, || {
             self.reload();
-        }
+        })
+        .await;
     }
-}
-
-/// Watch `dir` (not recursively) and signal `changed` on every event. Returns the watcher,
-/// which stops when dropped; `None` (logged) if watching is impossible: the timer still works.
-pub fn watch_dir(dir: &Path, changed: Arc<Notify>) -> Option<notify::RecommendedWatcher> {
-    use notify::Watcher;
-    let mut watcher = match notify::recommended_watcher(
-        move |res: notify::Result<notify::Event>| {
-            if res.is_ok() {
-                changed.notify_one();
-            }
-        },
-    ) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot create a file watcher; relying on periodic re-reads");
-            return None;
-        }
-    };
-    if let Err(e) = watcher.watch(dir, notify::RecursiveMode::NonRecursive) {
-        tracing::warn!(dir = %dir.display(), error = %e, "cannot watch directory; relying on periodic re-reads");
-        return None;
-    }
-    Some(watcher)
 }
 
 #[cfg(test)]

@@ -3,11 +3,10 @@
 //! not parse or validate is refused as a whole and the last good set stays in use.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use super::PolicyStore;
 use crate::metrics::{PolicySourceLabel, ReloadResult};
@@ -96,34 +95,14 @@ impl FileSource {
         }
     }
 
-    pub async fn run(
-        mut self,
-        interval: Duration,
-        watch_files: bool,
-        mut stop: watch::Receiver<bool>,
-    ) {
-        let changed = Arc::new(Notify::new());
+    pub async fn run(mut self, interval: Duration, watch_files: bool, stop: watch::Receiver<bool>) {
         let dir = match self.path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
             _ => PathBuf::from("."),
         };
-        let _watcher = if watch_files {
-            crate::server::certs::watch_dir(&dir, changed.clone())
-        } else {
-            None
-        };
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = changed.notified() => {
-                    // Editors and the kubelet write in several steps; let them settle.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                _ = tick.tick() => {}
-                _ = crate::server::turned_true(&mut stop) => return,
-            }
+        crate::watch::reload_on_change(&dir, interval, watch_files, stop, || {
             self.reload();
-        }
+        })
+        .await;
     }
 }
