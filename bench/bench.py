@@ -555,6 +555,18 @@ def cmd_profile(args) -> int:
                              "--percent-limit", "0.7", *(["-g", "caller,0.5,callee,function,percent"] if args.dwarf else [])], capture_output=True, text=True).stdout
     out = OUT / f"profile-{s.name}-{args.payload}.txt"
     out.write_text(report)
+    if not args.dwarf and s.name == "kube-overcommit" and (OUT / "results.json").exists():
+        import re
+        top = []
+        for line in report.splitlines():
+            m = re.match(r"\s+([\d.]+)%\s+(\[[.k]\])\s+(.+?)\s*$", line)
+            if m:
+                sym = m.group(3).split("  ")[0].strip()
+                top.append((float(m.group(1)), ("[k] " if m.group(2) == "[k]" else "") + sym))
+        results = json.loads((OUT / "results.json").read_text())
+        results["profile"] = {"payload": args.payload, "rps": r["rps"], "top": top[:25],
+                              "summary": results.get("profile", {}).get("summary", [])}
+        (OUT / "results.json").write_text(json.dumps(results, indent=1))
     print(report)
     log(f"wrote {out}")
     return 0

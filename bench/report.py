@@ -156,6 +156,18 @@ def render(results: dict) -> str:
     else:
         L.extend(api.get("markdown", []))
         L.append("")
+    prof = results.get("profile")
+    if prof:
+        L.append("## Where kube-overcommit spends its CPU (55 KB review)\n")
+        L.append(f"`bench/bench.py profile` (perf record -F 1999, flat self time, {prof['rps']:,.0f} req/s during the profile). "
+                 "Symbols over 0.7%; kernel symbols marked [k]:\n")
+        L.append("| self % | symbol |")
+        L.append("|---|---|")
+        for pct, sym in prof["top"]:
+            L.append(f"| {pct:.2f} | `{sym}` |")
+        L.append("")
+        L.extend(prof.get("summary", []))
+        L.append("")
     notes = METHOD_NOTES + (results.get("notes") or [])
     if notes:
         L.append("## Notes\n")
