@@ -359,7 +359,7 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool) -> dict:
 
 def markdown(r: dict) -> list[str]:
     L = [f"{r['nodes']} fake kubelets (tests/cluster fake-nodes: 50 images each, status PATCH every 10 s when changed, "
-         "else every 5 min, as the kubelet) on the local control plane; each webhook as a local process behind a Service "
+         f"else every {REPORT_FREQUENCY_S} s here, where the kubelet waits 5 min) on the local control plane; each webhook as a local process behind a Service "
          "(failurePolicy Ignore, timeoutSeconds 2, UPDATE nodes/status and CREATE nodes). PATCH latency: "
          f"{r['probes']} sequential kubelet-style strategic-merge PATCHes of one more real-sized Node from a client on this machine. "
          f"Node writes: MODIFIED events of the fleet's Nodes in a {r['window_s']} s watch (each is a new resourceVersion in etcd).",
