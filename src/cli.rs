@@ -30,6 +30,8 @@ pub enum Command {
     Review(crate::review::ReviewArgs),
     /// Print the OvercommitPolicy CustomResourceDefinition (YAML).
     Crd,
+    /// Ask the leader for a forced rotation of the serving leaf (or, with --ca, of the CA).
+    Rotate(crate::leader::rotate::RotateArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -81,5 +83,12 @@ pub fn main() -> anyhow::Result<()> {
         }
         Command::Review(args) => crate::review::run(&args),
         Command::Crd => crate::review::run_crd(),
+        Command::Rotate(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(crate::leader::rotate::run(args))
+        }
     }
 }

@@ -45,6 +45,9 @@ pub const RAW_ALLOCATABLE_ANNOTATION: &str = "overcommit.dev/raw-allocatable";
 /// Node annotation: what was applied (JSON `{"policy": name, "ratios": {resource: ratio}}`).
 pub const APPLIED_ANNOTATION: &str = "overcommit.dev/applied";
 
+/// The largest number of units (millicores, bytes, ...) a written quantity may have.
+pub const MAX_UNITS: u128 = i64::MAX as u128;
+
 /// A string map as read from a review: borrowed where the JSON had no escapes.
 pub type StrMap<'a> = BTreeMap<Cow<'a, str>, Cow<'a, str>>;
 
@@ -266,6 +269,14 @@ fn inflate(resource: &str, raw: &Quantity, ratio: &Ratio) -> Result<Quantity, In
             resource: resource.to_string(),
             source,
         })?;
+    // Beyond what the API server holds as an int64 of units: refuse rather than write a value
+    // that could fail the node's status write.
+    if units > MAX_UNITS {
+        return Err(InflateError::Quantity {
+            resource: resource.to_string(),
+            source: QuantityError::Overflow(raw.to_string()),
+        });
+    }
     Ok(Quantity::from_units(units, scale, format))
 }
 

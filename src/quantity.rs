@@ -272,7 +272,7 @@ fn write_binary(f: &mut fmt::Formatter<'_>, mut units: u128) -> fmt::Result {
 }
 
 /// `mantissa × 10^exponent` with a decimal suffix whose exponent is a multiple of three, as
-/// large as keeps the number whole (1500m, 2, 4k); below nano or above exa, an exponent.
+/// large as keeps the number whole (1500m, 2, 4k); below nano or beyond exa, an exponent.
 fn write_decimal(f: &mut fmt::Formatter<'_>, mantissa: u128, exponent: i32) -> fmt::Result {
     // Smallest multiple of 3 at or below the exponent, so the printed number is whole.
     let suffix_exp = exponent.div_euclid(3) * 3;
@@ -287,11 +287,7 @@ fn write_decimal(f: &mut fmt::Formatter<'_>, mantissa: u128, exponent: i32) -> f
         12 => "T",
         15 => "P",
         18 => "E",
-        _ if exponent > 18 => {
-            // Beyond exa: keep E and a longer number (exact, if unusual).
-            let zeros = (exponent - 18) as usize;
-            return write!(f, "{mantissa}{}E", "0".repeat(zeros));
-        }
+        // Beyond nano or exa: an exponent (exact, and short whatever the input said).
         _ => return write!(f, "{mantissa}e{exponent}"),
     };
     let zeros = (exponent - suffix_exp) as usize;
@@ -445,6 +441,14 @@ mod tests {
         ] {
             assert!(Quantity::parse(text).is_err(), "{text:?} should be refused");
         }
+    }
+
+    #[test]
+    fn huge_exponents_print_short() {
+        assert_eq!(q("1e999999999").to_string(), "1e999999999");
+        assert_eq!(q("12e20").to_string(), "1200E");
+        assert_eq!(q("1e21").to_string(), "1e21");
+        assert_eq!(q("7e-30").to_string(), "7e-30");
     }
 
     #[test]

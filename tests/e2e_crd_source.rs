@@ -36,7 +36,18 @@ impl ControlPlane {
         let kcp = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         let run_dir = tempfile::tempdir().expect("run dir");
         let st = Command::new(&kcp)
-            .args(["up", "--nodes", "0", "--timeout", "120s", "--run-dir"])
+            .args([
+                "up",
+                "--nodes",
+                "0",
+                "--timeout",
+                "120s",
+                "--max-lifetime",
+                "10m",
+            ])
+            // Stops by itself if this test process dies without running `down`.
+            .arg(format!("--exit-with-pid={}", std::process::id()))
+            .arg("--run-dir")
             .arg(run_dir.path())
             .status()
             .expect("kcp up");

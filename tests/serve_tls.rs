@@ -625,6 +625,23 @@ async fn grace_period_bounds_shutdown_and_second_signal_aborts() {
     assert!(t.elapsed() < Duration::from_secs(3));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exits_when_the_watched_process_is_gone() {
+    let (_pki, leaf) = leaf_pair();
+    let mut parent = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep");
+    let mut w = Webhook::start(&leaf, &[&format!("--exit-with-pid={}", parent.id())]);
+    w.wait_ready().await;
+    parent.kill().expect("kill");
+    parent.wait().expect("reap");
+    let status = wait_exit(&mut w, Duration::from_secs(5))
+        .await
+        .expect("exited");
+    assert!(status.success(), "{status:?}");
+}
+
 async fn wait_exit(w: &mut Webhook, within: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + within;
     loop {
@@ -865,7 +882,8 @@ fn every_serve_flag_has_an_environment_variable() {
         }
         flags += 1;
         assert!(
-            b.contains("[env: KUBE_OVERCOMMIT_"),
+            // POD_NAME (the identity) is the one variable Kubernetes names for us.
+            b.contains("[env: KUBE_OVERCOMMIT_") || b.contains("[env: POD_NAME="),
             "{name} has no environment variable:\n{b}"
         );
     }

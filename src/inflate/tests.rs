@@ -681,3 +681,14 @@ fn explain_names_the_policy_and_each_resource() {
         "{text}"
     );
 }
+
+#[test]
+fn result_beyond_int64_units_is_refused() {
+    let set = policies(BATCH_POLICIES);
+    let incoming = node(batch(), None, with(raw_allocatable(), "/cpu", json!("5E")));
+    let incoming = with(incoming, "/status/capacity/cpu", json!("5E"));
+    match decide_json(&incoming, None, &set) {
+        Err(InflateError::Quantity { resource, .. }) => assert_eq!(resource, "cpu"),
+        other => panic!("expected an overflow error, got {other:?}"),
+    }
+}

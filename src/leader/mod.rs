@@ -1,1 +1,441 @@
-//! Leader only: Lease, certificate authority, rotation, webhook-configuration upkeep (issue 4).
+//! Leader only: the Lease, the certificate authority, rotation and the upkeep of the
+//! MutatingWebhookConfiguration (issue 4; design.md sections 3 to 5). Every replica also keeps
+//! a small report Lease and its readiness gate here.
+//!
+//! - `election`: leadership through kube-leader-election. Its Lease patches carry no
+//!   precondition, so it alone cannot make two writers impossible: every leader write carries
+//!   a resourceVersion precondition (replace with the version read, or create when absent) and
+//!   re-checks the claim (Lease held, renew deadline not passed) right before it goes out; when
+//!   the claim is lost the leader task is aborted before any further write.
+//! - `certs`: CA (ECDSA P-256) and serving leaves with rcgen; parsing with x509-parser; chain
+//!   checks with webpki, as the API server does them.
+//! - `rotation`: the pure decision (bootstrap, leaf at 2/3 of its life, CA rotation in four
+//!   phases, forced rotation, recovery), table-tested. `store`: how that state lives in the CA
+//!   Secret's data and annotations, so a new leader finishes what the old one started.
+//! - `webhook_config`: the desired configuration and the drift check (pure); `controller`
+//!   repairs it by watch plus a resync every 5 s at most.
+//! - `replicas`: how the leader knows what every ready replica serves. Each replica (leader or
+//!   not) renews its own Lease `<lease-name>-replica-<identity>` every `--lease-renew`, with
+//!   annotations `overcommit.dev/leaf-sha256` (the leaf it serves), `overcommit.dev/ca-sha256`
+//!   (the CA in the live caBundle that leaf chains to) and `overcommit.dev/ready`. The leader
+//!   counts only fresh reports (renewTime + leaseDurationSeconds in the future) and deletes
+//!   reports stale for over a minute. The old CA is dropped only when every fresh ready report
+//!   names the new CA. The same works for pods in a cluster and for processes on the local
+//!   control plane. A replica that cannot reach the API server cannot report; it also cannot
+//!   see caBundle changes, and its report expires, so it stops blocking the rotation — that is
+//!   the one case where the leader trusts the readiness gate of the Service alone.
+//! - `readiness`: a replica is ready only while its leaf chains to a CA in the live caBundle
+//!   and is not expired.
+//! - `rotate`: `kube-overcommit rotate [--ca]` sets `overcommit.dev/rotate` on the serving
+//!   Secret; the leader acts on it and clears it.
+
+pub mod certs;
+pub mod controller;
+pub mod duration;
+pub mod election;
+pub mod metrics;
+pub mod readiness;
+pub mod replicas;
+pub mod rotate;
+pub mod rotation;
+pub mod store;
+pub mod webhook_config;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use self::controller::{Controller, ControllerSettings};
+use self::election::{Claim, ElectionSettings};
+use self::metrics::LeaderMetrics;
+use self::readiness::{ReadinessCheck, ServedCertificate};
+use self::webhook_config::WebhookSettings;
+
+fn duration_arg(text: &str) -> Result<Duration, String> {
+    duration::parse_duration(text).map_err(|e| e.to_string())
+}
+
+fn timeout_arg(text: &str) -> Result<i32, String> {
+    let n: i64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a number: {text:?}"))?;
+    webhook_config::valid_timeout(n)
+}
+
+/// Leader, certificate and webhook-configuration flags (flattened into `serve`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LeaderArgs {
+    /// Namespace of the webhook's Service, Secrets and Leases: `serve`'s own --namespace
+    /// (KUBE_OVERCOMMIT_NAMESPACE, else POD_NAMESPACE), set by `serve` before `start`.
+    #[arg(skip = String::from("kube-overcommit"))]
+    pub namespace: String,
+    /// Name of the Service the API server calls.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_SERVICE_NAME",
+        default_value = "kube-overcommit"
+    )]
+    pub service_name: String,
+    /// Name of the MutatingWebhookConfiguration the leader keeps in place.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_WEBHOOK_CONFIG_NAME",
+        default_value = "kube-overcommit"
+    )]
+    pub webhook_config_name: String,
+    /// Secret holding the serving leaf (tls.crt, tls.key, ca.crt); mounted into replicas.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_SERVING_SECRET",
+        default_value = "kube-overcommit-tls"
+    )]
+    pub serving_secret: String,
+    /// Secret holding the CA key; never mounted.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_CA_SECRET",
+        default_value = "kube-overcommit-ca"
+    )]
+    pub ca_secret: String,
+    /// Name of the leader Lease.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_LEASE_NAME",
+        default_value = "kube-overcommit-leader"
+    )]
+    pub lease_name: String,
+    /// How long a Lease is valid without renewal.
+    #[arg(long, env = "KUBE_OVERCOMMIT_LEASE_TTL", default_value = "15s", value_parser = duration_arg)]
+    pub lease_ttl: Duration,
+    /// How often the Lease (and each replica report) is renewed.
+    #[arg(long, env = "KUBE_OVERCOMMIT_LEASE_RENEW", default_value = "5s", value_parser = duration_arg)]
+    pub lease_renew: Duration,
+    /// Identity in the Leases (default: POD_NAME, else the hostname).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Lifetime of a new CA.
+    #[arg(long, env = "KUBE_OVERCOMMIT_CA_VALIDITY", default_value = "365d", value_parser = duration_arg)]
+    pub ca_validity: Duration,
+    /// Lifetime of a serving leaf (rotated at 2/3 of it).
+    #[arg(long, env = "KUBE_OVERCOMMIT_LEAF_VALIDITY", default_value = "7d", value_parser = duration_arg)]
+    pub leaf_validity: Duration,
+    /// Longest time between two evaluations of the certificates (capped at 5 s for upkeep).
+    #[arg(long, env = "KUBE_OVERCOMMIT_CHECK_INTERVAL", default_value = "5s", value_parser = duration_arg)]
+    pub check_interval: Duration,
+    /// How long a new CA is published before leaves come from it; longer than the kubelet's
+    /// Secret volume sync.
+    #[arg(long, env = "KUBE_OVERCOMMIT_PROPAGATION_DELAY", default_value = "120s", value_parser = duration_arg)]
+    pub propagation_delay: Duration,
+    /// timeoutSeconds of the webhooks, 1 to 5.
+    #[arg(long, env = "KUBE_OVERCOMMIT_WEBHOOK_TIMEOUT_SECONDS", default_value = "2", value_parser = timeout_arg)]
+    pub webhook_timeout_seconds: i32,
+    /// Run the leader election (default: on when a kube config is available).
+    #[arg(long, env = "KUBE_OVERCOMMIT_LEADER_ELECTION")]
+    pub leader_election: Option<bool>,
+}
+
+/// Why the leader part could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    #[error("--lease-renew ({renew:?}) must be shorter than --lease-ttl ({ttl:?})")]
+    RenewNotShorter { renew: Duration, ttl: Duration },
+    #[error("--leaf-validity must be at least 3 s and not longer than --ca-validity")]
+    Validity,
+    #[error("no identity: set --identity or POD_NAME (the hostname could not be read)")]
+    NoIdentity,
+}
+
+impl LeaderArgs {
+    pub fn validate(&self) -> Result<(), LeaderError> {
+        if self.lease_renew >= self.lease_ttl || self.lease_renew.is_zero() {
+            return Err(LeaderError::RenewNotShorter {
+                renew: self.lease_renew,
+                ttl: self.lease_ttl,
+            });
+        }
+        if self.leaf_validity < Duration::from_secs(3) || self.leaf_validity > self.ca_validity {
+            return Err(LeaderError::Validity);
+        }
+        Ok(())
+    }
+
+    pub fn identity(&self) -> Result<String, LeaderError> {
+        if let Some(id) = self.identity.as_ref().filter(|s| !s.trim().is_empty()) {
+            return Ok(id.trim().to_string());
+        }
+        std::env::var("HOSTNAME")
+            .ok()
+            .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .ok_or(LeaderError::NoIdentity)
+    }
+
+    /// The DNS name the API server dials (and the leaf must carry).
+    pub fn server_name(&self) -> String {
+        format!("{}.{}.svc", self.service_name, self.namespace)
+    }
+
+    fn webhook(&self) -> WebhookSettings {
+        WebhookSettings {
+            config_name: self.webhook_config_name.clone(),
+            namespace: self.namespace.clone(),
+            service_name: self.service_name.clone(),
+            timeout_seconds: self.webhook_timeout_seconds,
+        }
+    }
+}
+
+/// What `start` leaves running.
+pub struct Running {
+    /// The readiness gate for /readyz.
+    pub readiness: ReadinessCheck,
+    /// This replica's leadership.
+    pub claim: Claim,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Wait for the tasks to end after shutdown (they step down and delete the report).
+    pub async fn stopped(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Start the replica report, the caBundle watch and (when enabled) the election with the
+/// leader loop. Everything stops when `shutdown` turns true.
+pub fn start(
+    client: Client,
+    args: &LeaderArgs,
+    election: bool,
+    served: Arc<dyn ServedCertificate>,
+    metrics: LeaderMetrics,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Running, LeaderError> {
+    args.validate()?;
+    let identity = args.identity()?;
+    let mut tasks = Vec::new();
+
+    let (bundle_tx, bundle_rx) = watch::channel(None);
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    tasks.push(abort_on_shutdown(
+        tokio::spawn(readiness::watch_ca_bundle(
+            configs,
+            args.webhook_config_name.clone(),
+            bundle_tx,
+        )),
+        shutdown.clone(),
+    ));
+    let readiness = ReadinessCheck::new(bundle_rx, served, args.server_name());
+
+    tasks.push(tokio::spawn(report_loop(
+        metrics.clone(),
+        Api::namespaced(client.clone(), &args.namespace),
+        ReportSettings {
+            lease_name: args.lease_name.clone(),
+            identity: identity.clone(),
+            ttl: args.lease_ttl,
+            renew: args.lease_renew,
+        },
+        readiness.clone(),
+        shutdown.clone(),
+    )));
+
+    let claim = if election {
+        let gauge = metrics.leader.clone();
+        let (claim, task) = election::spawn(
+            client.clone(),
+            ElectionSettings {
+                namespace: args.namespace.clone(),
+                lease_name: args.lease_name.clone(),
+                identity: identity.clone(),
+                ttl: args.lease_ttl,
+                renew: args.lease_renew,
+            },
+            shutdown.clone(),
+            move |leading| {
+                gauge.set(i64::from(leading));
+            },
+        );
+        tasks.push(task);
+        let settings = ControllerSettings {
+            namespace: args.namespace.clone(),
+            service_name: args.service_name.clone(),
+            ca_secret: args.ca_secret.clone(),
+            serving_secret: args.serving_secret.clone(),
+            lease_name: args.lease_name.clone(),
+            ca_validity: args.ca_validity,
+            leaf_validity: args.leaf_validity,
+            check_interval: args.check_interval,
+            propagation_delay: args.propagation_delay,
+            webhook: args.webhook(),
+        };
+        tasks.push(tokio::spawn(supervise(
+            client,
+            settings,
+            claim.clone(),
+            metrics,
+            shutdown,
+        )));
+        claim
+    } else {
+        Claim::never()
+    };
+    tracing::info!(%identity, election, "leader part started");
+    Ok(Running {
+        readiness,
+        claim,
+        tasks,
+    })
+}
+
+fn abort_on_shutdown(task: JoinHandle<()>, mut shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+        task.abort();
+    })
+}
+
+/// Run the leader loop while leading; abort it the moment leadership is lost.
+async fn supervise(
+    client: Client,
+    settings: ControllerSettings,
+    claim: Claim,
+    metrics: LeaderMetrics,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut leading = claim.subscribe();
+    loop {
+        tokio::select! {
+            r = leading.wait_for(|l| *l) => if r.is_err() { return },
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        tracing::info!("leading: starting the certificate authority and configuration upkeep");
+        let controller = Controller::new(
+            client.clone(),
+            settings.clone(),
+            claim.clone(),
+            metrics.clone(),
+        );
+        let mut task = tokio::spawn(controller.run());
+        let mut ended_by_itself = false;
+        tokio::select! {
+            _ = leading.wait_for(|l| !*l) => {}
+            _ = shutdown.wait_for(|s| *s) => { task.abort(); return }
+            _ = &mut task => ended_by_itself = true,
+        }
+        task.abort();
+        if ended_by_itself {
+            // The loop saw its claim expire before the election task did: let that catch up.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tracing::info!("not leading: leader tasks stopped");
+    }
+}
+
+/// Renew this replica's report Lease; delete it on shutdown.
+/// Where and how often a replica reports.
+struct ReportSettings {
+    lease_name: String,
+    identity: String,
+    ttl: Duration,
+    renew: Duration,
+}
+
+async fn report_loop(
+    metrics: LeaderMetrics,
+    api: Api<Lease>,
+    settings: ReportSettings,
+    readiness: ReadinessCheck,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let ReportSettings {
+        lease_name,
+        identity,
+        ttl,
+        renew,
+    } = settings;
+    let name = replicas::replica_lease_name(&lease_name, &identity);
+    let mut last = None;
+    loop {
+        let report = readiness.report();
+        let now = jiff::Timestamp::now();
+        let (leaf_end, ca_end) = readiness.expiry();
+        let secs = |t: Option<jiff::Timestamp>| {
+            t.map_or(0.0, |t| (t.as_second() - now.as_second()) as f64)
+        };
+        metrics.leaf_expiry_seconds.set(secs(leaf_end));
+        metrics.ca_expiry_seconds.set(secs(ca_end));
+        if last.as_ref() != Some(&report) {
+            tracing::info!(ready = report.ready, leaf = ?report.leaf, issuer = ?report.issuer, "replica report");
+        }
+        let lease =
+            replicas::report_lease(&lease_name, &identity, ttl, jiff::Timestamp::now(), &report);
+        match tokio::time::timeout(renew, replicas::write_report(&api, &lease)).await {
+            Ok(Ok(())) => last = Some(report),
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not renew the replica report"),
+            Err(_) => tracing::warn!("replica report renewal timed out"),
+        }
+        // Report again soon after a change of what is served, else every renew period.
+        let deadline = tokio::time::Instant::now() + renew;
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                    if last.as_ref() != Some(&readiness.report()) { break }
+                }
+                r = shutdown.wait_for(|s| *s) => {
+                    drop(r);
+                    stopping = true;
+                }
+            }
+            if stopping {
+                break;
+            }
+        }
+        if stopping {
+            replicas::delete_report(&api, &name).await;
+            return;
+        }
+    }
+}
+
+/// Start the leader part inside `serve`: the namespace comes from `serve`, metrics go to the
+/// shared registry, readiness gets the `certificate-trusted` condition. Off (None) when
+/// --leader-election=false, or when it is not set and no kube config is available.
+pub async fn start_in_serve(
+    args: &LeaderArgs,
+    context: &crate::server::serve::Context,
+    served: Arc<crate::server::certs::CertResolver>,
+) -> anyhow::Result<Option<Running>> {
+    if args.leader_election == Some(false) {
+        tracing::info!("leader election off (--leader-election=false)");
+        return Ok(None);
+    }
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) if args.leader_election.is_none() => {
+            tracing::info!(error = %e, "no kube config: leader election and certificate management off");
+            return Ok(None);
+        }
+        Err(e) => anyhow::bail!("--leader-election needs a cluster: {e}"),
+    };
+    let mut args = args.clone();
+    args.namespace = context.namespace.clone();
+    let metrics = context.metrics.with_registry(LeaderMetrics::new);
+    let running = start(client, &args, true, served, metrics, context.stop.clone())?;
+    let check = running.readiness.clone();
+    context
+        .readiness
+        .add_check("certificate-trusted", move || check.is_ready());
+    Ok(Some(running))
+}

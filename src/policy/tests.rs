@@ -124,6 +124,11 @@ fn refuses_invalid_policies_with_a_clear_message() {
         ),
         (
             "ok",
+            "  podDefaults: {requests: {memory: \"1e30\"}}",
+            "out of range",
+        ),
+        (
+            "ok",
             "  podDefaults: {requestToLimitPercent: {cpu: 0}}",
             "1 to 100",
         ),

@@ -75,6 +75,15 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
                         "spec.podDefaults.requests[{resource}] must be greater than zero"
                     )));
                 }
+                let scale = if resource == "cpu" { 3 } else { 0 };
+                if !quantity
+                    .to_units_floor(scale)
+                    .is_ok_and(|units| units <= crate::inflate::MAX_UNITS)
+                {
+                    return Err(invalid(format!(
+                        "spec.podDefaults.requests[{resource}] {text} is out of range"
+                    )));
+                }
                 requests.insert(resource.clone(), quantity);
             }
             for (resource, percent) in &defaults.request_to_limit_percent {

@@ -16,17 +16,19 @@ use hyper::body::Incoming;
 
 use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
 
-/// What the server needs from `admission::Handled` (its other fields are for logs).
+/// What the server needs from `admission::Handled`, plus why it failed open or was refused.
 struct Answer {
     status: u16,
     body: Vec<u8>,
     resource: ReviewResource,
     operation: String,
     outcome: Outcome,
+    /// Why a review failed open or was refused (for the log).
+    reason: Option<String>,
 }
 
-impl From<Handled> for Answer {
-    fn from(h: Handled) -> Self {
+impl From<(Handled, Option<String>)> for Answer {
+    fn from((h, reason): (Handled, Option<String>)) -> Self {
         let Handled {
             status,
             body,
@@ -41,6 +43,7 @@ impl From<Handled> for Answer {
             resource,
             operation,
             outcome,
+            reason,
         }
     }
 }
@@ -123,6 +126,16 @@ impl App {
             }
         };
         let handled = self.review(&body);
+        if let Some(reason) = &handled.reason {
+            match handled.outcome {
+                Outcome::FailedOpen => tracing::warn!(
+                    %reason,
+                    operation = %handled.operation,
+                    "review failed open: allowed without a patch"
+                ),
+                _ => tracing::debug!(%reason, status = handled.status, "review refused"),
+            }
+        }
         self.metrics
             .count_review(handled.resource, &handled.operation, handled.outcome);
         let mut resp = Response::new(Full::new(Bytes::from(handled.body)));
@@ -139,7 +152,7 @@ impl App {
         let policies = self.policies.load();
         let run = || {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
-                admission::handle(body, &policies, &self.settings)
+                admission::handle_with_reason(body, &policies, &self.settings)
             }))
         };
         let result = if body.len() > INLINE_BODY_LIMIT {
@@ -215,6 +228,7 @@ fn fail_open(body: &[u8]) -> Answer {
         resource: ReviewResource::Other,
         operation,
         outcome: Outcome::FailedOpen,
+        reason: Some("admission handler panicked".to_owned()),
     }
 }
 

@@ -34,6 +34,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub source: SourceArgs,
 
+    #[command(flatten)]
+    pub leader: crate::leader::LeaderArgs,
+
     /// The webhook's own namespace (its pods are never mutated). Falls back to POD_NAMESPACE,
     /// then the service account's namespace file.
     #[arg(long, env = "KUBE_OVERCOMMIT_NAMESPACE")]
@@ -48,6 +51,11 @@ pub struct ServeArgs {
     /// inotify); rely on the periodic re-reads alone.
     #[arg(long, env = "KUBE_OVERCOMMIT_NO_FILE_WATCH")]
     pub no_file_watch: bool,
+
+    /// Shut down (as on SIGTERM) when the process with this id is gone: tests pass their own
+    /// id so that nothing they start outlives them.
+    #[arg(long, env = "KUBE_OVERCOMMIT_EXIT_WITH_PID", hide = true)]
+    pub exit_with_pid: Option<u32>,
 
     /// The process exits at most this long after SIGTERM, drained or not.
     #[arg(long, env = "KUBE_OVERCOMMIT_SHUTDOWN_GRACE", default_value = "25s", value_parser = duration_arg)]
@@ -68,6 +76,17 @@ fn own_namespace(flag: Option<&str>) -> String {
     match std::fs::read_to_string(SA_NAMESPACE_FILE) {
         Ok(ns) if !ns.trim().is_empty() => ns.trim().to_owned(),
         _ => "kube-overcommit".to_owned(),
+    }
+}
+
+/// Resolves when process `pid` no longer exists; never for `None`.
+async fn process_gone(pid: Option<u32>) {
+    let Some(pid) = pid else {
+        return std::future::pending().await;
+    };
+    let proc_dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+    while proc_dir.exists() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -174,18 +193,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut server_task = tokio::spawn(server.run(drain_rx));
 
     // Other parts (the leader, issue 4) start here with a `Context`.
-    let _context = Context {
+    let context = Context {
         metrics: metrics.clone(),
         readiness: readiness.clone(),
         stop: stop_rx.clone(),
         namespace,
     };
+    let leader = crate::leader::start_in_serve(&args.leader, &context, resolver.clone()).await?;
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let which = tokio::select! {
         _ = sigterm.recv() => "SIGTERM",
         _ = sigint.recv() => "SIGINT",
+        _ = process_gone(args.exit_with_pid) => "watched process exited",
         r = &mut server_task => {
             anyhow::bail!("webhook server stopped unexpectedly: {r:?}");
         }
@@ -220,8 +241,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = reloader_task.await;
         let _ = source_task.await;
         let _ = probe_task.await;
+        if let Some(leader) = leader {
+            leader.stopped().await;
+        }
     };
-    let _ = tokio::time::timeout(Duration::from_millis(150), rest).await;
+    // The leader steps down and the replica report is deleted here: a few API calls.
+    let _ = tokio::time::timeout(Duration::from_millis(500), rest).await;
     tracing::info!(elapsed = ?started.elapsed(), "stopped");
     Ok(())
 }

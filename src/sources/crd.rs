@@ -166,6 +166,36 @@ mod tests {
         )
     }
 
+    fn with_ratio(name: &str, cpu: &str) -> OvercommitPolicy {
+        let mut p = policy(name, 1);
+        p.spec.node_ratios.insert("cpu".into(), cpu.into());
+        p
+    }
+
+    #[test]
+    fn invalid_objects_are_refused_and_the_valid_version_stays() {
+        let mut s = CrdState::default();
+        let mut refused = Vec::new();
+        let mut note = |name: &str, reason: &str| refused.push(format!("{name}: {reason}"));
+        s.apply(Event::Init, &mut note);
+        s.apply(Event::InitApply(with_ratio("a", "2")), &mut note);
+        s.apply(Event::InitApply(with_ratio("bad-new", "50")), &mut note);
+        assert_eq!(s.apply(Event::InitDone, &mut note), Applied::Rebuild);
+        assert_eq!(s.in_use.keys().collect::<Vec<_>>(), vec!["a"]);
+        // A broken edit of "a" keeps its valid version, also across a relist.
+        assert_eq!(
+            s.apply(Event::Apply(with_ratio("a", "0.5")), &mut note),
+            Applied::Nothing
+        );
+        s.apply(Event::Init, &mut note);
+        s.apply(Event::InitApply(with_ratio("a", "0.5")), &mut note);
+        s.apply(Event::InitDone, &mut note);
+        assert_eq!(s.in_use["a"].spec.node_ratios["cpu"], "2");
+        assert_eq!(refused.len(), 3, "{refused:?}");
+        assert!(refused[0].starts_with("bad-new: "), "{refused:?}");
+        assert_eq!(s.build().map(|p| p.len()).ok(), Some(1));
+    }
+
     #[test]
     fn listing_replaces_state_only_when_done() {
         let mut s = CrdState::default();

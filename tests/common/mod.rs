@@ -176,6 +176,10 @@ impl Webhook {
             .arg("--probe-listen=127.0.0.1:0")
             .arg(format!("--tls-dir={}", tls_dir.display()))
             .arg("--namespace=kube-overcommit");
+        if !extra.iter().any(|a| a.starts_with("--exit-with-pid")) {
+            // Exits by itself if the test process dies without dropping this.
+            cmd.arg(format!("--exit-with-pid={}", std::process::id()));
+        }
         if policy_file {
             std::fs::write(&policy_path, POLICY_YAML).expect("policy file");
             cmd.arg(format!("--policy-file={}", policy_path.display()));

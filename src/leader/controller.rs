@@ -1,0 +1,446 @@
+//! The leader's I/O loop: read the Secrets, the webhook configuration and the replica reports,
+//! keep the configuration as desired, ask `rotation::decide` for the next action and execute it.
+//! Every write re-checks the claim right before it goes out and carries a precondition
+//! (replace with the resourceVersion read, or create when absent), so two replicas that both
+//! believe they lead can never both win a write.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PostParams;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+
+use super::certs::{self, CertError, CertInfo, Fingerprint};
+use super::election::{Claim, NotLeader};
+use super::metrics::LeaderMetrics;
+use super::replicas;
+use super::rotation::{self, Action, CaState, Forced, LeafState, Observed, Phase};
+use super::store::{self, CaContents, CaMaterial};
+use super::webhook_config::{self, WebhookSettings};
+
+/// Why a step of the loop failed (it is retried at the next tick).
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("certificate: {0}")]
+    Cert(#[from] CertError),
+    #[error("{0}")]
+    State(String),
+}
+
+impl ControllerError {
+    fn is_conflict(&self) -> bool {
+        matches!(self, Self::Kube(kube::Error::Api(s)) if s.code == 409)
+    }
+}
+
+/// What the leader works with.
+#[derive(Debug, Clone)]
+pub struct ControllerSettings {
+    pub namespace: String,
+    pub service_name: String,
+    pub ca_secret: String,
+    pub serving_secret: String,
+    pub lease_name: String,
+    pub ca_validity: Duration,
+    pub leaf_validity: Duration,
+    pub check_interval: Duration,
+    pub propagation_delay: Duration,
+    pub webhook: WebhookSettings,
+}
+
+/// The longest the loop sleeps: drift is repaired within this even if a watch event is missed.
+pub const RESYNC: Duration = Duration::from_secs(5);
+
+pub struct Controller {
+    s: ControllerSettings,
+    claim: Claim,
+    metrics: LeaderMetrics,
+    secrets: Api<Secret>,
+    configs: Api<MutatingWebhookConfiguration>,
+    leases: Api<Lease>,
+    dns_names: Vec<String>,
+}
+
+fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+impl Controller {
+    pub fn new(
+        client: Client,
+        s: ControllerSettings,
+        claim: Claim,
+        metrics: LeaderMetrics,
+    ) -> Self {
+        Self {
+            secrets: Api::namespaced(client.clone(), &s.namespace),
+            leases: Api::namespaced(client.clone(), &s.namespace),
+            configs: Api::all(client),
+            dns_names: certs::service_dns_names(&s.service_name, &s.namespace),
+            s,
+            claim,
+            metrics,
+        }
+    }
+
+    /// Run until cancelled (the supervisor aborts this task when leadership is lost).
+    pub async fn run(self) {
+        let wake = Arc::new(Notify::new());
+        let watchers = self.spawn_watchers(wake.clone());
+        loop {
+            if self.claim.check().is_err() {
+                break;
+            }
+            let until = match self.tick().await {
+                Ok(until) => until,
+                Err(ControllerError::NotLeader(_)) => break,
+                Err(e) if e.is_conflict() => {
+                    tracing::info!(error = %e, "write lost a resourceVersion race; re-reading");
+                    now()
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "leader step failed; retrying");
+                    now() + jiff::SignedDuration::from_secs(1)
+                }
+            };
+            let cap = self.s.check_interval.min(RESYNC);
+            let wait = Duration::try_from(until.duration_since(now()))
+                .unwrap_or(Duration::ZERO)
+                .clamp(Duration::from_millis(200), cap);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = wake.notified() => {}
+            }
+        }
+        for w in watchers {
+            w.abort();
+        }
+    }
+
+    fn spawn_watchers(&self, wake: Arc<Notify>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut out = Vec::new();
+        let cfg = watcher::Config::default()
+            .fields(&format!("metadata.name={}", self.s.webhook.config_name));
+        let stream = watcher(self.configs.clone(), cfg).default_backoff();
+        out.push(tokio::spawn(notify_on(stream, wake.clone())));
+        for name in [&self.s.ca_secret, &self.s.serving_secret] {
+            let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let stream = watcher(self.secrets.clone(), cfg).default_backoff();
+            out.push(tokio::spawn(notify_on(stream, wake.clone())));
+        }
+        out
+    }
+
+    /// Steps until the decision is to wait; returns when to look again.
+    async fn tick(&self) -> Result<Timestamp, ControllerError> {
+        for _ in 0..16 {
+            self.claim.check()?;
+            let ca_secret = self.secrets.get_opt(&self.s.ca_secret).await?;
+            let serving = self.secrets.get_opt(&self.s.serving_secret).await?;
+            let ca = store::read_ca(ca_secret.as_ref());
+            let (leaf, forced) = store::read_serving(serving.as_ref());
+            let live_bundle = self.upkeep_config(&ca).await?;
+            let at = now();
+            let reports =
+                replicas::fresh_reports(&self.leases, &self.s.lease_name, at, true).await?;
+            let observed = Observed {
+                now: at,
+                ca: ca.state.clone(),
+                serving: leaf,
+                dns_names: self.dns_names.clone(),
+                forced,
+                live_bundle,
+                replicas: reports,
+                propagation_delay: self.s.propagation_delay,
+            };
+            let action = rotation::decide(&observed);
+            if let Action::Wait { until } = action {
+                return Ok(until);
+            }
+            tracing::info!(?action, "leader action");
+            self.execute(
+                &action,
+                &observed,
+                &ca,
+                ca_secret.as_ref(),
+                serving.as_ref(),
+            )
+            .await?;
+        }
+        Ok(now())
+    }
+
+    /// Create or repair the webhook configuration from the trusted CAs; returns the fingerprints
+    /// in its caBundle as it now stands (None: it does not exist).
+    async fn upkeep_config(
+        &self,
+        ca: &CaMaterial,
+    ) -> Result<Option<Vec<Fingerprint>>, ControllerError> {
+        let actual = self.configs.get_opt(&self.s.webhook.config_name).await?;
+        let trusted: Vec<&CertInfo> = match &ca.state {
+            CaState::Present { current, next, .. } => {
+                std::iter::once(current).chain(next.iter()).collect()
+            }
+            _ => return Ok(actual.as_ref().map(bundle_fingerprints)),
+        };
+        let want = webhook_config::desired(&self.s.webhook, certs::bundle_pem(&trusted).as_bytes());
+        let written = match actual {
+            None => {
+                self.claim.check()?;
+                let created = self.configs.create(&PostParams::default(), &want).await?;
+                tracing::info!(name = %self.s.webhook.config_name, "created the webhook configuration");
+                self.metrics.repair("webhook-configuration", "created");
+                created
+            }
+            Some(actual) => {
+                let drifted = webhook_config::drift(&actual, &want);
+                if drifted.is_empty() {
+                    actual
+                } else {
+                    self.claim.check()?;
+                    let repaired = webhook_config::repaired(&actual, &want);
+                    let name = self.s.webhook.config_name.clone();
+                    let out = self
+                        .configs
+                        .replace(&name, &PostParams::default(), &repaired)
+                        .await?;
+                    tracing::info!(%name, fields = ?drifted, "repaired the webhook configuration");
+                    self.metrics.repair("webhook-configuration", "repaired");
+                    out
+                }
+            }
+        };
+        Ok(Some(bundle_fingerprints(&written)))
+    }
+
+    async fn write_secret(
+        &self,
+        base: Option<&Secret>,
+        secret: &Secret,
+        object: &str,
+    ) -> Result<(), ControllerError> {
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        self.claim.check()?;
+        match base {
+            // The resourceVersion read is in `secret.metadata`: a replace with a precondition.
+            Some(_) => {
+                self.secrets
+                    .replace(&name, &PostParams::default(), secret)
+                    .await?;
+            }
+            None => {
+                self.secrets.create(&PostParams::default(), secret).await?;
+                self.metrics.repair(object, "created");
+            }
+        }
+        Ok(())
+    }
+
+    async fn execute(
+        &self,
+        action: &Action,
+        o: &Observed,
+        ca: &CaMaterial,
+        ca_base: Option<&Secret>,
+        serving_base: Option<&Secret>,
+    ) -> Result<(), ControllerError> {
+        let ns = &self.s.namespace;
+        let trusted_pem = || certs::bundle_pem(&o.trusted());
+        let present = || match &ca.state {
+            CaState::Present {
+                current,
+                next,
+                phase,
+                ..
+            } => Ok((current, next.as_ref(), *phase)),
+            _ => Err(ControllerError::State("no usable CA".into())),
+        };
+        let write_ca =
+            |contents: CaContents<'_>| store::ca_secret(&self.s.ca_secret, ns, ca_base, &contents);
+        match action {
+            Action::Wait { .. } => Ok(()),
+            Action::CreateCa { carry_over } => {
+                let fresh = certs::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
+                let carried = carry_over.and_then(|fp| match &o.serving {
+                    LeafState::Present { bundle, .. } => {
+                        bundle.iter().find(|c| c.fingerprint == fp).cloned()
+                    }
+                    _ => None,
+                });
+                let secret = match &carried {
+                    Some(old) => write_ca(CaContents {
+                        current_pem: &old.to_pem(),
+                        current_key: None,
+                        next: Some((&fresh.cert_pem, &fresh.key_pem)),
+                        phase: Phase::Published { since: o.now },
+                    }),
+                    None => write_ca(CaContents {
+                        current_pem: &fresh.cert_pem,
+                        current_key: Some(&fresh.key_pem),
+                        next: None,
+                        phase: Phase::Idle,
+                    }),
+                };
+                let outcome = if carried.is_some() {
+                    "recovered"
+                } else {
+                    "bootstrap"
+                };
+                tracing::info!(outcome, "creating a new CA");
+                self.write_secret(ca_base, &secret, "ca-secret").await?;
+                if ca_base.is_some() {
+                    self.metrics.repair("ca-secret", "repaired");
+                }
+                self.metrics.rotation("ca", outcome);
+                Ok(())
+            }
+            Action::StartCaRotation { forced } => {
+                let (current, _, _) = present()?;
+                let next = certs::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
+                let secret = write_ca(CaContents {
+                    current_pem: &current.to_pem(),
+                    current_key: ca.current_key.as_deref(),
+                    next: Some((&next.cert_pem, &next.key_pem)),
+                    phase: Phase::Published { since: o.now },
+                });
+                self.write_secret(ca_base, &secret, "ca-secret").await?;
+                tracing::info!(
+                    forced,
+                    "CA rotation: new CA published beside the current one"
+                );
+                self.metrics
+                    .rotation("ca", if *forced { "forced" } else { "started" });
+                Ok(())
+            }
+            Action::SwitchToNextCa => {
+                let (current, next, _) = present()?;
+                let (Some(next), Some(next_key)) = (next, ca.next_key.as_deref()) else {
+                    return Err(ControllerError::State("no next CA to switch to".into()));
+                };
+                let secret = write_ca(CaContents {
+                    current_pem: &current.to_pem(),
+                    current_key: ca.current_key.as_deref(),
+                    next: Some((&next.to_pem(), next_key)),
+                    phase: Phase::Switched { since: o.now },
+                });
+                self.write_secret(ca_base, &secret, "ca-secret").await?;
+                tracing::info!("CA rotation: leaves now come from the new CA");
+                self.metrics.rotation("ca", "switched");
+                Ok(())
+            }
+            Action::FinishCaRotation => {
+                let (_, next, _) = present()?;
+                let (Some(next), Some(next_key)) = (next, ca.next_key.as_deref()) else {
+                    return Err(ControllerError::State("no next CA to finish with".into()));
+                };
+                let secret = write_ca(CaContents {
+                    current_pem: &next.to_pem(),
+                    current_key: Some(next_key),
+                    next: None,
+                    phase: Phase::Idle,
+                });
+                self.write_secret(ca_base, &secret, "ca-secret").await?;
+                tracing::info!(
+                    "CA rotation finished: every ready replica serves a leaf from the new CA; old CA dropped"
+                );
+                self.metrics.rotation("ca", "finished");
+                Ok(())
+            }
+            Action::IssueLeaf { reason } => {
+                let (current, next, phase) = present()?;
+                let (signer, key) = match (phase, next) {
+                    (Phase::Switched { .. }, Some(next)) => (next, ca.next_key.as_deref()),
+                    _ => (current, ca.current_key.as_deref()),
+                };
+                let key =
+                    key.ok_or_else(|| ControllerError::State("the signing CA has no key".into()))?;
+                let leaf = certs::issue_leaf(
+                    &signer.to_pem(),
+                    key,
+                    &self.dns_names,
+                    o.now,
+                    self.s.leaf_validity,
+                )?;
+                let secret = store::serving_secret(
+                    &self.s.serving_secret,
+                    ns,
+                    serving_base,
+                    &leaf.cert_pem,
+                    &leaf.key_pem,
+                    &trusted_pem(),
+                    o.forced == Some(Forced::Leaf),
+                );
+                let result = self
+                    .write_secret(serving_base, &secret, "serving-secret")
+                    .await;
+                let outcome = match &result {
+                    Ok(()) => reason.as_str(),
+                    Err(e) if e.is_conflict() => "conflict",
+                    Err(_) => "failed",
+                };
+                self.metrics.rotation("leaf", outcome);
+                result?;
+                tracing::info!(reason = reason.as_str(), issuer = ?signer.fingerprint, "issued a serving leaf");
+                Ok(())
+            }
+            Action::SyncServingBundle | Action::ClearForced => {
+                let base = serving_base
+                    .ok_or_else(|| ControllerError::State("serving Secret vanished".into()))?;
+                let (crt, key) = store::serving_pair(base)
+                    .ok_or_else(|| ControllerError::State("serving Secret has no pair".into()))?;
+                let clear = matches!(action, Action::ClearForced);
+                let secret = store::serving_secret(
+                    &self.s.serving_secret,
+                    ns,
+                    Some(base),
+                    &crt,
+                    &key,
+                    &trusted_pem(),
+                    clear,
+                );
+                self.write_secret(Some(base), &secret, "serving-secret")
+                    .await?;
+                if clear {
+                    tracing::info!("cleared the rotation request");
+                } else {
+                    self.metrics.repair("serving-secret", "repaired");
+                    tracing::info!("serving Secret ca.crt set to the trusted bundle");
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn bundle_fingerprints(cfg: &MutatingWebhookConfiguration) -> Vec<Fingerprint> {
+    webhook_config::live_ca_bundle(cfg)
+        .and_then(|pem| certs::parse_pem_bundle(&pem).ok())
+        .map(|certs| certs.iter().map(|c| c.fingerprint).collect())
+        .unwrap_or_default()
+}
+
+async fn notify_on<S, T, E>(stream: S, wake: Arc<Notify>)
+where
+    S: futures::Stream<Item = Result<watcher::Event<T>, E>> + Send,
+    E: std::fmt::Display,
+{
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(_)) | Ok(watcher::Event::Delete(_)) => wake.notify_one(),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "leader watch"),
+        }
+    }
+}

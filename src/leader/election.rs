@@ -1,0 +1,195 @@
+//! Leadership through kube-leader-election: one task renews or tries to acquire the Lease every
+//! `renew` period and publishes whether this replica leads. A claim is good only until
+//! `renew deadline = start of the last successful renewal + ttl - renew`: past it, leadership is
+//! dropped locally even if the API server never answered, well before another replica may take
+//! the Lease (after `ttl`). Leader tasks watch the claim and stop before any further write;
+//! every write also calls `Claim::check` right before it goes out.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The claim was lost, or could not be renewed in time.
+#[derive(Debug, thiserror::Error)]
+#[error("not the leader (lease lost or not renewed before its deadline)")]
+pub struct NotLeader;
+
+#[derive(Debug)]
+struct ClaimState {
+    valid_until: Option<Instant>,
+}
+
+/// This replica's view of its leadership, shared by the leader tasks.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    state: Arc<Mutex<ClaimState>>,
+    leading: watch::Receiver<bool>,
+}
+
+impl Claim {
+    /// Ok only while the Lease is held and the renew deadline has not passed.
+    pub fn check(&self) -> Result<(), NotLeader> {
+        let valid_until = self.state.lock().map_err(|_| NotLeader)?.valid_until;
+        match valid_until {
+            Some(t) if Instant::now() < t => Ok(()),
+            _ => Err(NotLeader),
+        }
+    }
+
+    /// Changes of leadership (true: leading).
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
+    /// A claim that never leads (leader election off).
+    pub fn never() -> Self {
+        let (_tx, rx) = watch::channel(false);
+        Self {
+            state: Arc::new(Mutex::new(ClaimState { valid_until: None })),
+            leading: rx,
+        }
+    }
+}
+
+/// Parameters of the election.
+#[derive(Debug, Clone)]
+pub struct ElectionSettings {
+    pub namespace: String,
+    pub lease_name: String,
+    pub identity: String,
+    pub ttl: Duration,
+    pub renew: Duration,
+}
+
+/// Start the election task; returns the claim. The task ends (stepping down if leading) when
+/// `shutdown` turns true.
+pub fn spawn(
+    client: kube::Client,
+    s: ElectionSettings,
+    mut shutdown: watch::Receiver<bool>,
+    on_change: impl Fn(bool) + Send + 'static,
+) -> (Claim, tokio::task::JoinHandle<()>) {
+    let state = Arc::new(Mutex::new(ClaimState { valid_until: None }));
+    let (tx, rx) = watch::channel(false);
+    let claim = Claim {
+        state: state.clone(),
+        leading: rx,
+    };
+    let deadline = s.ttl.saturating_sub(s.renew);
+    let lock = LeaseLock::new(
+        client,
+        &s.namespace,
+        LeaseLockParams {
+            lease_name: s.lease_name.clone(),
+            holder_id: s.identity.clone(),
+            lease_ttl: s.ttl,
+        },
+    );
+    let set = move |valid_until: Option<Instant>| {
+        if let Ok(mut st) = state.lock() {
+            st.valid_until = valid_until;
+        }
+        let leading = valid_until.is_some();
+        if *tx.borrow() != leading {
+            tracing::info!(leading, "leadership changed");
+            on_change(leading);
+        }
+        tx.send_replace(leading);
+    };
+    let task = tokio::spawn(async move {
+        let mut valid_until: Option<Instant> = None;
+        loop {
+            let started = Instant::now();
+            let attempt = tokio::time::timeout(
+                deadline.max(Duration::from_secs(1)),
+                lock.try_acquire_or_renew(),
+            )
+            .await;
+            match attempt {
+                Ok(Ok(LeaseLockResult::Acquired(lease))) => {
+                    let holder = lease
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.holder_identity.as_deref());
+                    if holder == Some(s.identity.as_str()) {
+                        valid_until = Some(started + deadline);
+                    } else {
+                        valid_until = None;
+                    }
+                }
+                Ok(Ok(LeaseLockResult::NotAcquired(_))) => valid_until = None,
+                Ok(Err(e)) => tracing::warn!(error = %e, "lease renewal failed"),
+                Err(_) => tracing::warn!("lease renewal timed out"),
+            }
+            if valid_until.is_some_and(|t| Instant::now() >= t) {
+                valid_until = None;
+            }
+            set(valid_until);
+            // Sleep until the next attempt, dropping the claim at its deadline if it comes first.
+            let next = started + s.renew;
+            let wake = match valid_until {
+                Some(t) if t < next => t,
+                _ => next,
+            };
+            let mut closing = *shutdown.borrow();
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => {}
+                changed = shutdown.changed() => closing |= changed.is_err(),
+            }
+            if valid_until.is_some_and(|t| Instant::now() >= t) {
+                valid_until = None;
+                set(None);
+            }
+            if closing || *shutdown.borrow() {
+                if valid_until.is_some() {
+                    set(None);
+                    if let Err(e) = lock.step_down().await {
+                        tracing::warn!(error = %e, "could not step down");
+                    } else {
+                        tracing::info!("stepped down");
+                    }
+                }
+                return;
+            }
+        }
+    });
+    (claim, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim_until(valid_until: Option<Instant>) -> Claim {
+        let (_tx, rx) = watch::channel(valid_until.is_some());
+        Claim {
+            state: Arc::new(Mutex::new(ClaimState { valid_until })),
+            leading: rx,
+        }
+    }
+
+    #[tokio::test]
+    async fn claim_table() {
+        let now = Instant::now();
+        let cases = [
+            (
+                "held, deadline ahead",
+                Some(now + Duration::from_secs(10)),
+                true,
+            ),
+            (
+                "deadline passed",
+                Some(now - Duration::from_millis(1)),
+                false,
+            ),
+            ("not held", None, false),
+        ];
+        for (what, until, ok) in cases {
+            assert_eq!(claim_until(until).check().is_ok(), ok, "{what}");
+        }
+        assert!(Claim::never().check().is_err());
+    }
+}

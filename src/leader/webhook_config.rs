@@ -1,0 +1,394 @@
+//! The MutatingWebhookConfiguration the leader keeps in place: the desired object (a pure
+//! function of the flags and the trusted CA bundle) and the drift check (only the fields we
+//! own, with the API server's defaults filled in so a defaulted field is not drift).
+//!
+//! Two webhooks in one configuration:
+//! - `nodes.overcommit.dev`: UPDATE nodes/status and CREATE nodes. No object selector: the node
+//!   rule itself honours `overcommit.dev/disabled=true`, so that opting out restores the raw
+//!   allocatable and removes the annotations at the next status write (design.md 3.7).
+//! - `pods.overcommit.dev`: CREATE pods in namespaces labelled
+//!   `overcommit.dev/pod-defaults=enabled`, never in kube-system or the webhook's own namespace
+//!   (namespaceSelector on that label and `kubernetes.io/metadata.name`), opt-out by the pod label
+//!   `overcommit.dev/disabled=true` (objectSelector).
+//!
+//! Both fail open (`failurePolicy: Ignore`) with a short timeout: heartbeats are never blocked.
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+use serde_json::{Value, json};
+
+use crate::policy::POD_DEFAULTS_NAMESPACE_LABEL;
+
+/// Label that opts an object out.
+pub const DISABLED_LABEL: &str = "overcommit.dev/disabled";
+/// Name of the node webhook inside the configuration.
+pub const NODES_WEBHOOK: &str = "nodes.overcommit.dev";
+/// Name of the pod webhook inside the configuration.
+pub const PODS_WEBHOOK: &str = "pods.overcommit.dev";
+/// Label on objects the leader manages.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kube-overcommit");
+
+/// What the configuration is built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSettings {
+    pub config_name: String,
+    pub namespace: String,
+    pub service_name: String,
+    pub timeout_seconds: i32,
+}
+
+fn rule(operation: &str, resource: &str, scope: &str) -> RuleWithOperations {
+    RuleWithOperations {
+        api_groups: Some(vec![String::new()]),
+        api_versions: Some(vec!["v1".into()]),
+        operations: Some(vec![operation.into()]),
+        resources: Some(vec![resource.into()]),
+        scope: Some(scope.into()),
+    }
+}
+
+fn webhook(s: &WebhookSettings, name: &str, ca_bundle: &[u8]) -> MutatingWebhook {
+    MutatingWebhook {
+        name: name.into(),
+        admission_review_versions: vec!["v1".into()],
+        client_config: WebhookClientConfig {
+            ca_bundle: Some(ByteString(ca_bundle.to_vec())),
+            service: Some(ServiceReference {
+                namespace: s.namespace.clone(),
+                name: s.service_name.clone(),
+                path: Some("/mutate".into()),
+                port: Some(443),
+            }),
+            url: None,
+        },
+        failure_policy: Some("Ignore".into()),
+        match_policy: Some("Equivalent".into()),
+        reinvocation_policy: Some("Never".into()),
+        side_effects: "None".into(),
+        timeout_seconds: Some(s.timeout_seconds),
+        ..Default::default()
+    }
+}
+
+/// The configuration as it must be.
+pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfiguration {
+    let mut nodes = webhook(s, NODES_WEBHOOK, ca_bundle);
+    nodes.rules = Some(vec![
+        rule("UPDATE", "nodes/status", "Cluster"),
+        rule("CREATE", "nodes", "Cluster"),
+    ]);
+    let mut pods = webhook(s, PODS_WEBHOOK, ca_bundle);
+    pods.rules = Some(vec![rule("CREATE", "pods", "Namespaced")]);
+    let mut excluded = vec!["kube-system".to_string()];
+    if s.namespace != "kube-system" {
+        excluded.push(s.namespace.clone());
+    }
+    // Only namespaces that opted in (docs/policy.md: an AdmissionReview does not carry the
+    // namespace's labels, so this choice is the API server's).
+    pods.namespace_selector = Some(LabelSelector {
+        match_expressions: Some(vec![
+            LabelSelectorRequirement {
+                key: "kubernetes.io/metadata.name".into(),
+                operator: "NotIn".into(),
+                values: Some(excluded),
+            },
+            LabelSelectorRequirement {
+                key: POD_DEFAULTS_NAMESPACE_LABEL.into(),
+                operator: "In".into(),
+                values: Some(vec!["enabled".into()]),
+            },
+        ]),
+        match_labels: None,
+    });
+    pods.object_selector = Some(LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: DISABLED_LABEL.into(),
+            operator: "NotIn".into(),
+            values: Some(vec!["true".into()]),
+        }]),
+        match_labels: None,
+    });
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(s.config_name.clone()),
+            labels: Some([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())].into()),
+            ..Default::default()
+        },
+        webhooks: Some(vec![nodes, pods]),
+    }
+}
+
+fn selector_view(sel: &Option<LabelSelector>) -> Value {
+    match sel {
+        None => Value::Null,
+        Some(sel) => {
+            let labels = sel.match_labels.clone().unwrap_or_default();
+            let exprs = sel.match_expressions.clone().unwrap_or_default();
+            if labels.is_empty() && exprs.is_empty() {
+                Value::Null
+            } else {
+                json!({ "matchLabels": labels, "matchExpressions": exprs })
+            }
+        }
+    }
+}
+
+/// The fields we own, with the API server's defaults made explicit.
+fn owned_view(webhooks: &[MutatingWebhook]) -> Value {
+    let views: Vec<Value> = webhooks
+        .iter()
+        .map(|w| {
+            let service = w.client_config.service.as_ref().map(|svc| {
+                json!({
+                    "namespace": svc.namespace,
+                    "name": svc.name,
+                    "path": svc.path,
+                    "port": svc.port.unwrap_or(443),
+                })
+            });
+            let rules: Vec<Value> = w
+                .rules
+                .iter()
+                .flatten()
+                .map(|r| {
+                    json!({
+                        "apiGroups": r.api_groups,
+                        "apiVersions": r.api_versions,
+                        "operations": r.operations,
+                        "resources": r.resources,
+                        "scope": r.scope.clone().unwrap_or_else(|| "*".into()),
+                    })
+                })
+                .collect();
+            json!({
+                "name": w.name,
+                "admissionReviewVersions": w.admission_review_versions,
+                "caBundle": w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()),
+                "service": service,
+                "url": w.client_config.url,
+                "failurePolicy": w.failure_policy.clone().unwrap_or_else(|| "Fail".into()),
+                "matchPolicy": w.match_policy.clone().unwrap_or_else(|| "Equivalent".into()),
+                "reinvocationPolicy": w.reinvocation_policy.clone().unwrap_or_else(|| "Never".into()),
+                "sideEffects": w.side_effects,
+                "timeoutSeconds": w.timeout_seconds.unwrap_or(10),
+                "rules": rules,
+                "namespaceSelector": selector_view(&w.namespace_selector),
+                "objectSelector": selector_view(&w.object_selector),
+                "matchConditions": w.match_conditions.clone().unwrap_or_default(),
+            })
+        })
+        .collect();
+    Value::Array(views)
+}
+
+/// The owned fields that differ (empty: no drift). Names only, for logs and metrics.
+pub fn drift(
+    actual: &MutatingWebhookConfiguration,
+    want: &MutatingWebhookConfiguration,
+) -> Vec<String> {
+    let a = owned_view(actual.webhooks.as_deref().unwrap_or_default());
+    let w = owned_view(want.webhooks.as_deref().unwrap_or_default());
+    let (Value::Array(a), Value::Array(w)) = (a, w) else {
+        return vec!["webhooks".into()];
+    };
+    if a.len() != w.len() {
+        return vec!["webhooks".into()];
+    }
+    let mut out = Vec::new();
+    for (av, wv) in a.iter().zip(&w) {
+        let (Value::Object(am), Value::Object(wm)) = (av, wv) else {
+            continue;
+        };
+        for (key, want_value) in wm {
+            if am.get(key) != Some(want_value) {
+                let name = wm.get("name").and_then(Value::as_str).unwrap_or("?");
+                out.push(format!("{name}.{key}"));
+            }
+        }
+    }
+    out
+}
+
+/// The repaired object: the live one (metadata, resourceVersion, others' labels kept) with our
+/// webhooks in place.
+pub fn repaired(
+    actual: &MutatingWebhookConfiguration,
+    want: &MutatingWebhookConfiguration,
+) -> MutatingWebhookConfiguration {
+    let mut out = actual.clone();
+    out.webhooks = want.webhooks.clone();
+    let labels = out.metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(MANAGED_BY.0.into(), MANAGED_BY.1.into());
+    out
+}
+
+/// The CA bundle bytes of the live configuration (the first webhook's; they are kept equal).
+pub fn live_ca_bundle(actual: &MutatingWebhookConfiguration) -> Option<Vec<u8>> {
+    actual
+        .webhooks
+        .as_ref()?
+        .iter()
+        .find_map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()))
+}
+
+/// True when a validated timeout is allowed by the API server and by design.md 3.1.
+pub fn valid_timeout(seconds: i64) -> Result<i32, String> {
+    if (1..=5).contains(&seconds) {
+        Ok(seconds as i32)
+    } else {
+        Err(format!(
+            "webhook timeout must be 1 to 5 seconds, got {seconds}"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> WebhookSettings {
+        WebhookSettings {
+            config_name: "kube-overcommit".into(),
+            namespace: "kube-overcommit".into(),
+            service_name: "kube-overcommit".into(),
+            timeout_seconds: 2,
+        }
+    }
+
+    #[test]
+    fn desired_shape() {
+        let cfg = desired(&settings(), b"CA");
+        let hooks = cfg.webhooks.unwrap();
+        assert_eq!(hooks.len(), 2);
+        for h in &hooks {
+            assert_eq!(h.failure_policy.as_deref(), Some("Ignore"));
+            assert_eq!(h.timeout_seconds, Some(2));
+            assert_eq!(h.side_effects, "None");
+            assert_eq!(h.admission_review_versions, vec!["v1"]);
+            let svc = h.client_config.service.as_ref().unwrap();
+            assert_eq!(
+                (svc.path.as_deref(), svc.port),
+                (Some("/mutate"), Some(443))
+            );
+        }
+        let node_resources: Vec<_> = hooks[0]
+            .rules
+            .iter()
+            .flatten()
+            .flat_map(|r| r.resources.clone().unwrap())
+            .collect();
+        assert_eq!(node_resources, vec!["nodes/status", "nodes"]);
+        let never = serde_json::to_string(&hooks).unwrap();
+        assert!(!never.contains("leases") && !never.contains("events"));
+        let ns = hooks[1]
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_expressions
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            ns[0].values.as_ref().unwrap(),
+            &vec!["kube-system".to_string(), "kube-overcommit".to_string()]
+        );
+        assert_eq!(
+            (ns[1].key.as_str(), ns[1].operator.as_str()),
+            ("overcommit.dev/pod-defaults", "In")
+        );
+        assert_eq!(ns[1].values.as_ref().unwrap(), &vec!["enabled".to_string()]);
+    }
+
+    #[test]
+    fn drift_table() {
+        let want = desired(&settings(), b"CA");
+        type Edit = fn(&mut MutatingWebhook);
+        let cases: Vec<(&str, Edit, bool)> = vec![
+            ("unchanged", |_| {}, false),
+            // What the API server fills in by default is not drift.
+            (
+                "defaults filled in",
+                |w| {
+                    w.client_config.service.as_mut().unwrap().port = None;
+                    if w.namespace_selector.is_none() {
+                        w.namespace_selector = Some(LabelSelector::default());
+                    }
+                },
+                false,
+            ),
+            (
+                "caBundle",
+                |w| w.client_config.ca_bundle = Some(ByteString(b"other".to_vec())),
+                true,
+            ),
+            (
+                "failurePolicy",
+                |w| w.failure_policy = Some("Fail".into()),
+                true,
+            ),
+            (
+                "failurePolicy unset means Fail",
+                |w| w.failure_policy = None,
+                true,
+            ),
+            ("timeout", |w| w.timeout_seconds = Some(30), true),
+            ("sideEffects", |w| w.side_effects = "Unknown".into(), true),
+            (
+                "versions",
+                |w| w.admission_review_versions = vec!["v1beta1".into()],
+                true,
+            ),
+            ("rules", |w| w.rules = Some(vec![rule("*", "*", "*")]), true),
+            (
+                "matchPolicy",
+                |w| w.match_policy = Some("Exact".into()),
+                true,
+            ),
+            (
+                "selector",
+                |w| {
+                    w.object_selector = Some(LabelSelector {
+                        match_labels: Some([("a".to_string(), "b".to_string())].into()),
+                        match_expressions: None,
+                    })
+                },
+                true,
+            ),
+            (
+                "service path",
+                |w| w.client_config.service.as_mut().unwrap().path = Some("/x".into()),
+                true,
+            ),
+        ];
+        for (what, edit, drifted) in cases {
+            let mut actual = want.clone();
+            for w in actual.webhooks.as_mut().unwrap() {
+                edit(w);
+            }
+            assert_eq!(!drift(&actual, &want).is_empty(), drifted, "{what}");
+            assert!(
+                drift(&repaired(&actual, &want), &want).is_empty(),
+                "{what}: repaired"
+            );
+        }
+        let mut missing_one = want.clone();
+        missing_one.webhooks.as_mut().unwrap().pop();
+        assert_eq!(drift(&missing_one, &want), vec!["webhooks"]);
+        let mut none = want.clone();
+        none.webhooks = None;
+        assert!(!drift(&none, &want).is_empty());
+    }
+
+    #[test]
+    fn timeout_bounds() {
+        assert!(valid_timeout(0).is_err());
+        assert_eq!(valid_timeout(1), Ok(1));
+        assert_eq!(valid_timeout(5), Ok(5));
+        assert!(valid_timeout(6).is_err());
+    }
+}

@@ -1,0 +1,375 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"kube-overcommit/tests/cluster/harness"
+)
+
+// pollFakeNodeStats adds the fake nodes' per-write counters (attempts, failures, slow writes,
+// errors naming x509 or a webhook) to the current phase, as deltas, every second.
+func pollFakeNodeStats(ctx context.Context, wg *sync.WaitGroup, t *Tally, path string) {
+	defer wg.Done()
+	var last harness.FakeNodeStats
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		// One last read after ctx ends: the fake nodes write their stats file when they stop.
+		done := ctx.Err() != nil
+		if s, err := harness.ReadFakeNodeStats(path); err == nil {
+			cur, prev := s.StatusWrites, last.StatusWrites
+			if s.PID != last.PID && last.PID != 0 {
+				prev = harness.FakeNodeStats{}.StatusWrites
+			}
+			t.Add(func(p *Phase) {
+				p.Writes += cur.Attempts - prev.Attempts
+				p.Failed += cur.Failures - prev.Failures
+				p.Slow += cur.Slow - prev.Slow
+				p.WebhookErrs += cur.WebhookErrors - prev.WebhookErrors
+				p.ClientX509 += cur.X509Errors - prev.X509Errors
+			})
+			if cur.Failures > prev.Failures {
+				progress("status write failed: %s", cur.LastError)
+			}
+			last = s
+		}
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+}
+
+// watchNodes classifies every status write of the fake nodes as the API server stored it: a
+// write is a new Ready heartbeat, mutated when the stored cpu allocatable differs from the raw
+// value the fake kubelet reports. (The fake nodes' own "mutated" counter looks at an
+// annotation that stays on the Node after a write the webhook never saw, so it cannot tell.)
+func watchNodes(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubernetes.Interface, isOurs func(string) bool, rawCPU resource.Quantity) {
+	defer wg.Done()
+	heartbeat := map[string]time.Time{}
+	seen := func(n *corev1.Node) {
+		if !isOurs(n.Name) {
+			return
+		}
+		var hb time.Time
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				hb = c.LastHeartbeatTime.Time
+			}
+		}
+		if hb.IsZero() || !hb.After(heartbeat[n.Name]) {
+			return
+		}
+		first := heartbeat[n.Name].IsZero()
+		heartbeat[n.Name] = hb
+		if first {
+			return // the state found at start, not a write seen happening
+		}
+		cpu, ok := n.Status.Allocatable[corev1.ResourceCPU]
+		mutated := ok && cpu.Cmp(rawCPU) != 0
+		t.Add(func(p *Phase) {
+			if mutated {
+				p.Mutated++
+			} else {
+				p.NotMutated++
+			}
+		})
+	}
+	rv := ""
+	for ctx.Err() == nil {
+		if rv == "" {
+			list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				sleepCtx(ctx, time.Second)
+				continue
+			}
+			for i := range list.Items {
+				seen(&list.Items[i])
+			}
+			rv = list.ResourceVersion
+		}
+		w, err := client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true,
+			TimeoutSeconds: ptr.To(int64(60))})
+		if err != nil {
+			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+				rv = ""
+			}
+			sleepCtx(ctx, 500*time.Millisecond)
+			continue
+		}
+		for ev := range w.ResultChan() {
+			switch ev.Type {
+			case watch.Added, watch.Modified, watch.Bookmark:
+				if n, ok := ev.Object.(*corev1.Node); ok {
+					rv = n.ResourceVersion
+					if ev.Type != watch.Bookmark {
+						seen(n)
+					}
+				}
+			case watch.Error:
+				if st := apierrors.FromObject(ev.Object); apierrors.IsResourceExpired(st) || apierrors.IsGone(st) {
+					rv = ""
+				}
+			}
+		}
+		w.Stop()
+	}
+}
+
+// webhookNameSuffix ends the names of the webhooks of the configuration
+// (nodes.overcommit.dev, pods.overcommit.dev): the API server labels its metrics with them.
+const webhookNameSuffix = `overcommit.dev"`
+
+// webhookMetrics are the API server's admission webhook counters for our webhooks.
+type webhookMetrics struct {
+	failOpen, rejected float64
+}
+
+// scrapeAPIServerMetrics reads the API server's /metrics with the admin credentials every
+// 2 s and adds the growth of the fail-open and rejection counters of webhooks whose name
+// contains webhookName to the current phase (a counter that went down is a restarted API
+// server: its whole value is growth).
+func scrapeAPIServerMetrics(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubernetes.Interface, webhookName string) {
+	defer wg.Done()
+	var last *webhookMetrics
+	warned := false
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		done := ctx.Err() != nil
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		body, err := client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(sctx)
+		cancel()
+		if err != nil {
+			if !warned && apierrors.IsForbidden(err) {
+				t.Note("API server /metrics forbidden (%v): fail-open counts unavailable", err)
+				warned = true
+			}
+		} else {
+			m := parseWebhookMetrics(string(body), webhookName)
+			if last != nil {
+				fo, rj := m.failOpen-last.failOpen, m.rejected-last.rejected
+				if fo < 0 {
+					fo = m.failOpen
+				}
+				if rj < 0 {
+					rj = m.rejected
+				}
+				t.Add(func(p *Phase) { p.FailOpen += int64(fo); p.Rejected += int64(rj) })
+			}
+			last = &m
+		}
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+}
+
+func parseWebhookMetrics(text, webhookName string) webhookMetrics {
+	var m webhookMetrics
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "#") || !strings.Contains(line, webhookName) {
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		if sp < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[sp+1:], 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(line, "apiserver_admission_webhook_fail_open_count{"):
+			m.failOpen += v
+		case strings.HasPrefix(line, "apiserver_admission_webhook_rejection_count{"):
+			m.rejected += v
+		}
+	}
+	return m
+}
+
+// tailLogs reads the new lines of every file files() names every second and adds the count
+// of lines that match to the current phase. A file that shrank was rewritten: read from 0.
+func tailLogs(ctx context.Context, wg *sync.WaitGroup, t *Tally, files func() []string, match func(string) bool, add func(p *Phase, n int64), show string) {
+	defer wg.Done()
+	offsets := map[string]int64{}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		done := ctx.Err() != nil
+		for _, f := range files() {
+			n, sample := scanNew(f, offsets, match)
+			if n > 0 {
+				t.Add(func(p *Phase) { add(p, n) })
+				progress("%s: %d new line(s), e.g. %s", show, n, sample)
+			}
+		}
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+}
+
+func scanNew(path string, offsets map[string]int64, match func(string) bool) (int64, string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return 0, ""
+	}
+	off := offsets[path]
+	if st.Size() < off {
+		off = 0
+	}
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return 0, ""
+	}
+	var n int64
+	sample := ""
+	r := bufio.NewReaderSize(f, 1<<16)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			break // a partial last line is read again next time
+		}
+		off += int64(len(line))
+		if match(line) {
+			n++
+			if sample == "" {
+				sample = strings.TrimSpace(line)
+				if len(sample) > 300 {
+					sample = sample[:300]
+				}
+			}
+		}
+	}
+	offsets[path] = off
+	return n, sample
+}
+
+// x509InAPIServerLog matches the API server's log of a webhook call that failed on TLS trust.
+func x509InAPIServerLog(line string) bool {
+	return (strings.Contains(line, "x509") || strings.Contains(line, "failed to verify certificate")) &&
+		strings.Contains(line, "webhook")
+}
+
+// x509InReplicaLog matches a replica's log of a TLS handshake the client aborted with an
+// alert (what the API server does when it does not trust the certificate).
+func x509InReplicaLog(line string) bool {
+	return strings.Contains(line, "TLS handshake failed") &&
+		(strings.Contains(line, "alert") || strings.Contains(line, "ertificate"))
+}
+
+// createPods keeps creating small pods in namespace ns (one every interval), deleting the
+// oldest beyond keep, and counts creations that worked and failed in the current phase.
+func createPods(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubernetes.Interface, ns string, interval time.Duration, keep int, selector map[string]string, tolerations []corev1.Toleration) {
+	defer wg.Done()
+	var live []string
+	failures := 0
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	zero := metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			for _, name := range live {
+				_ = client.CoreV1().Pods(ns).Delete(dctx, name, zero)
+			}
+			cancel()
+			return
+		case <-tick.C:
+		}
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("chaos-%d-%d", time.Now().Unix()%100000, i), Namespace: ns,
+				Labels: map[string]string{"app": "chaos-load"}},
+			Spec: corev1.PodSpec{
+				NodeSelector: selector, Tolerations: tolerations,
+				TerminationGracePeriodSeconds: ptr.To(int64(0)),
+				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10",
+					Resources: corev1.ResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m")},
+						Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}}},
+			},
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := client.CoreV1().Pods(ns).Create(cctx, pod, metav1.CreateOptions{})
+		cancel()
+		if ctx.Err() != nil {
+			continue
+		}
+		if err != nil {
+			failures++
+			t.Add(func(p *Phase) { p.PodsFailed++ })
+			if failures == 1 || failures%20 == 0 {
+				progress("pod create failed (%d so far): %v", failures, err)
+			}
+			continue
+		}
+		t.Add(func(p *Phase) { p.PodsCreated++ })
+		live = append(live, pod.Name)
+		for len(live) > keep {
+			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_ = client.CoreV1().Pods(ns).Delete(dctx, live[0], zero)
+			cancel()
+			live = live[1:]
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// waitFor polls f every interval until it returns nil, ctx ends or timeout passes.
+func waitFor(ctx context.Context, timeout, interval time.Duration, what string, f func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not within %v: %w", what, timeout, err)
+		}
+		if !sleepCtx(ctx, interval) {
+			return fmt.Errorf("%s: %w", what, ctx.Err())
+		}
+	}
+}

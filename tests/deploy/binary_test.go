@@ -1,0 +1,375 @@
+package deploytest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// TestClusterBinaryUnderRBAC runs the real kube-overcommit binary as two replicas with exactly the
+// identity and permissions the manifests give its pods: a kubeconfig that impersonates the
+// ServiceAccount kube-overcommit/kube-overcommit, under deploy/'s Role, ClusterRole and the
+// webhook-guard admission policy. The replicas must bootstrap (Secrets, caBundle, webhook
+// configuration), elect a leader, report themselves, become ready and inflate a node's
+// allocatable by policy: proof that the RBAC is enough, not only that it is small.
+func TestClusterBinaryUnderRBAC(t *testing.T) {
+	cfg := clusterConfig(t)
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := os.Getenv("KUBE_OVERCOMMIT_BIN")
+	if bin == "" {
+		bin = filepath.Join(root, "target", "release", "kube-overcommit")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("kube-overcommit binary: %v (run `make release`, or set KUBE_OVERCOMMIT_BIN)", err)
+	}
+	const ns = "kube-overcommit"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	client := kubernetes.NewForConfigOrDie(cfg)
+	ap, err := NewApplier(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// deploy/ without the Deployment and its PDB: the replicas are local processes here.
+	b, err := Kustomize(root, "deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []*unstructured.Unstructured
+	for _, o := range all {
+		if o.GetKind() != "Deployment" && o.GetKind() != "PodDisruptionBudget" {
+			objs = append(objs, o)
+		}
+	}
+	// What the leader creates, removed after the test (the namespace takes the rest).
+	mwc := &unstructured.Unstructured{}
+	mwc.SetAPIVersion("admissionregistration.k8s.io/v1")
+	mwc.SetKind("MutatingWebhookConfiguration")
+	mwc.SetName("kube-overcommit")
+	policy := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "overcommit.dev/v1alpha1", "kind": "OvercommitPolicy",
+		"metadata": map[string]any{"name": "deploy-test-cpu"},
+		"spec": map[string]any{
+			"nodeSelector": map[string]any{"matchLabels": map[string]any{"deploy-test": "overcommit"}},
+			"nodeRatios":   map[string]any{"cpu": "2"},
+		},
+	}}
+	t.Cleanup(func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer dcancel()
+		if err := ap.Delete(dctx, append([]*unstructured.Unstructured{policy, mwc}, objs...)); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	if err := ap.Apply(ctx, objs); err != nil {
+		t.Fatal(err)
+	}
+
+	// The pods' identity: the ServiceAccount, through impersonation by the admin kubeconfig.
+	kc, err := clientcmd.LoadFromFile(os.Getenv("KUBECONFIG"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ai := range kc.AuthInfos {
+		ai.Impersonate = "system:serviceaccount:" + ns + ":kube-overcommit"
+		ai.ImpersonateGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+	}
+	dir := t.TempDir()
+	saKubeconfig := filepath.Join(dir, "sa-kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, saKubeconfig); err != nil {
+		t.Fatal(err)
+	}
+
+	kcp := filepath.Join(root, "tests", "cluster", "kcp.sh")
+	type replica struct {
+		name        string
+		cmd, volume *exec.Cmd
+		log         *syncBuffer
+		done        chan struct{}
+		addr        string
+		probe       string
+	}
+	var replicas []*replica
+	for i := range 2 {
+		r := &replica{name: fmt.Sprintf("deploy-test-replica-%d", i), log: &syncBuffer{}, done: make(chan struct{})}
+		tlsDir := filepath.Join(dir, r.name, "tls")
+		if err := os.MkdirAll(tlsDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// The serving Secret reaches the replica the way the kubelet mounts it.
+		r.volume = exec.Command(kcp, "secret-volume", "--namespace", ns, "--name", "kube-overcommit-tls", "--dir", tlsDir, "--delay", "1s")
+		r.volume.Stdout, r.volume.Stderr = os.Stderr, os.Stderr
+		if err := r.volume.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r.addr, r.probe = freeAddr(t), freeAddr(t)
+		r.cmd = exec.Command(bin, "serve", "--listen="+r.addr, "--probe-listen="+r.probe,
+			"--tls-dir="+tlsDir, "--shutdown-grace=5s",
+			// Exit with the test process, even if it is killed (a CI timeout).
+			fmt.Sprintf("--exit-with-pid=%d", os.Getpid()))
+		r.cmd.Env = append(os.Environ(), "KUBECONFIG="+saKubeconfig, "POD_NAME="+r.name, "POD_NAMESPACE="+ns,
+			"RUST_LOG=info,kube_client=warn,kube_runtime=warn")
+		r.cmd.Stdout, r.cmd.Stderr = r.log, r.log
+		if err := r.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = r.cmd.Wait(); close(r.done) }()
+		replicas = append(replicas, r)
+		out, err := exec.Command(kcp, "backend", "add", "--namespace", ns, "--service", "kube-overcommit", "--port", "443",
+			"--addr", r.addr, "--ready-url", "http://"+r.probe+"/readyz").CombinedOutput()
+		if err != nil {
+			t.Fatalf("kcp backend add: %v: %s", err, out)
+		}
+	}
+	t.Cleanup(func() {
+		for _, r := range replicas {
+			_ = r.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-r.done:
+			case <-time.After(15 * time.Second):
+				_ = r.cmd.Process.Kill()
+				<-r.done
+			}
+			_ = r.volume.Process.Signal(syscall.SIGTERM)
+			_, _ = r.volume.Process.Wait()
+			_, _ = exec.Command(kcp, "backend", "remove", "--namespace", ns, "--service", "kube-overcommit", "--addr", r.addr).CombinedOutput()
+			if t.Failed() {
+				t.Logf("%s log:\n%s", r.name, tail(r.log.String(), 40))
+			}
+		}
+	})
+
+	// Every replica ready: it serves a certificate that chains to the live caBundle, which needs
+	// the whole bootstrap done by the leader under the ServiceAccount's RBAC.
+	httpc := &http.Client{Timeout: time.Second}
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		for _, r := range replicas {
+			select {
+			case <-r.done:
+				return false, fmt.Errorf("%s exited", r.name)
+			default:
+			}
+			if l := r.log.String(); strings.Contains(l, "is forbidden") {
+				return false, fmt.Errorf("%s was refused by RBAC or the webhook guard:\n%s", r.name, tail(grepLines(l, "forbidden"), 3))
+			}
+			resp, err := httpc.Get("http://" + r.probe + "/readyz")
+			if err != nil {
+				return false, nil
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("replicas not ready under the ServiceAccount's RBAC: %v", err)
+	}
+	// What bootstrap wrote.
+	for _, name := range []string{"kube-overcommit-tls", "kube-overcommit-ca"} {
+		if _, err := client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("Secret %s: %v", name, err)
+		}
+	}
+	got, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "kube-overcommit", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("webhook configuration: %v", err)
+	}
+	for _, w := range got.Webhooks {
+		if len(w.ClientConfig.CABundle) == 0 {
+			t.Errorf("webhook %s has no caBundle", w.Name)
+		}
+	}
+	lease, err := client.CoordinationV1().Leases(ns).Get(ctx, "kube-overcommit-leader", metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity == nil || !strings.HasPrefix(*lease.Spec.HolderIdentity, "deploy-test-replica-") {
+		t.Errorf("leader Lease: %v %+v", err, lease)
+	}
+	for _, r := range replicas {
+		if _, err := client.CoordinationV1().Leases(ns).Get(ctx, "kube-overcommit-leader-replica-"+r.name, metav1.GetOptions{}); err != nil {
+			t.Errorf("replica report of %s: %v", r.name, err)
+		}
+	}
+
+	// A node registered and kept alive like a kubelet (CREATE nodes, then PATCH nodes/status)
+	// goes through the webhook and comes back inflated by the policy.
+	if err := ap.Apply(ctx, []*unstructured.Unstructured{policy}); err != nil {
+		t.Fatal(err)
+	}
+	const node = "deploy-test-node-0"
+	fake := exec.Command(kcp, "fake-nodes", "--count", "1", "--prefix", "deploy-test-node", "--labels", "deploy-test=overcommit",
+		"--status-update-frequency", "1s", "--run-pods=false", "--delete-on-exit")
+	fake.Stdout, fake.Stderr = os.Stderr, os.Stderr
+	if err := fake.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fakeDone := make(chan struct{})
+	go func() { _ = fake.Wait(); close(fakeDone) }()
+	defer func() {
+		_ = fake.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-fakeDone:
+		case <-time.After(15 * time.Second):
+			_ = fake.Process.Kill()
+			<-fakeDone
+		}
+	}()
+	var last string
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		raw := n.Annotations["overcommit.dev/raw-allocatable"]
+		last = fmt.Sprintf("allocatable cpu %s, raw %q", n.Status.Allocatable.Cpu(), raw)
+		return raw != "" && inflated(n, raw), nil
+	})
+	if err != nil {
+		t.Errorf("node %s never inflated by policy (the fake node writes its status every 10 s): %s", node, last)
+	}
+	t.Logf("node %s: %s", node, last)
+
+	for _, r := range replicas {
+		if l := strings.ToLower(r.log.String()); strings.Contains(l, "forbidden") || strings.Contains(l, " 403") {
+			t.Errorf("%s logged an authorization failure:\n%s", r.name, tail(r.log.String(), 40))
+		}
+	}
+}
+
+// inflated: allocatable cpu is twice the raw value in the annotation ({"cpu":"4",...}).
+func inflated(n *corev1.Node, raw string) bool {
+	i := strings.Index(raw, `"cpu":"`)
+	if i < 0 {
+		return false
+	}
+	rest := raw[i+len(`"cpu":"`):]
+	j := strings.Index(rest, `"`)
+	if j < 0 {
+		return false
+	}
+	q, err := resource.ParseQuantity(rest[:j])
+	if err != nil {
+		return false
+	}
+	return n.Status.Allocatable.Cpu().MilliValue() == 2*q.MilliValue()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// syncBuffer is a bytes.Buffer safe for a process writing while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func grepLines(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// The flags the manifests pass to `serve` (kustomize, and the chart with every optional value
+// set) are all accepted by the release binary: parsed up to --help, which then exits 0.
+func TestClusterBinaryAcceptsManifestFlags(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := os.Getenv("KUBE_OVERCOMMIT_BIN")
+	if bin == "" {
+		bin = filepath.Join(root, "target", "release", "kube-overcommit")
+	}
+	helm, err := HelmBinary(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kz, err := Kustomize(root, "deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hm, err := HelmTemplate(root, helm, "kube-overcommit",
+		"--set", "webhook.timeoutSeconds=3", "--set", "certificates.caValidity=8760h", "--set", "certificates.leafValidity=72h",
+		"--set", "certificates.checkInterval=10s", "--set", "certificates.propagationDelay=3m",
+		"--set", "leaderElection.leaseDuration=20s", "--set", "leaderElection.renewPeriod=4s",
+		"--set", "extraArgs={--idle-timeout=60s}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, stream := range map[string][]byte{"kustomize": kz, "helm": hm} {
+		objs, err := Parse(stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := Find(objs, "Deployment", "kube-overcommit")
+		if d == nil {
+			t.Fatalf("%s: no Deployment", name)
+		}
+		containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+		args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+		if name == "helm" && len(args) < 12 {
+			t.Errorf("helm rendered only %v", args)
+		}
+		out, err := exec.Command(bin, append(args, "--help")...).CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: kube-overcommit %s: %v\n%s", name, strings.Join(args, " "), err, tail(string(out), 10))
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package deploytest
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// There is no container engine on the test machines, so the image is not built here; this checks
+// the Dockerfile's promises instead: a build stage with a static check, a final stage on
+// distroless/static with no RUN (it has no shell), a numeric non-root USER, and an exec-form
+// ENTRYPOINT.
+func TestStaticDockerfile(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Join continuation lines, drop comments.
+	text := regexp.MustCompile(`\\\n`).ReplaceAllString(string(b), " ")
+	type stage struct {
+		from  string
+		instr []string
+	}
+	var stages []stage
+	for _, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		word := strings.ToUpper(strings.Fields(line)[0])
+		if word == "FROM" {
+			stages = append(stages, stage{from: line})
+			continue
+		}
+		if len(stages) > 0 {
+			stages[len(stages)-1].instr = append(stages[len(stages)-1].instr, line)
+		}
+	}
+	if len(stages) < 2 {
+		t.Fatalf("%d stages: want a multi-stage build", len(stages))
+	}
+	build, final := stages[0], stages[len(stages)-1]
+	if !strings.Contains(build.from, " AS build") {
+		t.Errorf("first stage %q is not the build stage", build.from)
+	}
+	joined := strings.Join(build.instr, "\n")
+	if !strings.Contains(joined, "cargo build --release --locked") || !strings.Contains(joined, "static") {
+		t.Errorf("build stage lacks the locked release build or the static-binary check:\n%s", joined)
+	}
+	if !strings.Contains(final.from, "distroless/static") {
+		t.Errorf("final stage %q: want distroless/static (no shell, no libc)", final.from)
+	}
+	var user, entry string
+	for _, in := range final.instr {
+		f := strings.Fields(in)
+		switch strings.ToUpper(f[0]) {
+		case "RUN":
+			t.Errorf("final stage runs %q: it has no shell", in)
+		case "USER":
+			user = f[1]
+		case "ENTRYPOINT":
+			entry = strings.TrimSpace(strings.TrimPrefix(in, f[0]))
+		}
+	}
+	if !regexp.MustCompile(`^[1-9][0-9]*:[1-9][0-9]*$`).MatchString(user) {
+		t.Errorf("USER %q: want numeric uid:gid, not root (runAsNonRoot checks it without /etc/passwd)", user)
+	}
+	var argv []string
+	if err := json.Unmarshal([]byte(entry), &argv); err != nil || len(argv) == 0 {
+		t.Errorf("ENTRYPOINT %q: want exec form (no shell)", entry)
+	}
+	// The Deployment's securityContext runs the same uid.
+	if user != "" && !strings.HasPrefix(user, "65532:") {
+		t.Errorf("USER %s differs from the manifests' runAsUser 65532", user)
+	}
+	ignore, err := os.ReadFile(filepath.Join(root, ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, must := range []string{"target", ".git"} {
+		if !strings.Contains(string(ignore), must) {
+			t.Errorf(".dockerignore does not exclude %s", must)
+		}
+	}
+}

@@ -1,0 +1,672 @@
+package deploytest
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"github.com/prometheus/prometheus/promql/parser"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	psaapi "k8s.io/pod-security-admission/api"
+	psapolicy "k8s.io/pod-security-admission/policy"
+)
+
+const ns = "kube-overcommit"
+
+// renderings holds every way an operator installs kube-overcommit, rendered once per test binary.
+type renderings struct {
+	root       string
+	kustomize  []*unstructured.Unstructured // deploy/ (the default install)
+	production []*unstructured.Unstructured // deploy/overlays/production (all components)
+	helm       []*unstructured.Unstructured // chart, default values
+	helmAll    []*unstructured.Unstructured // chart, every optional object on
+}
+
+// helmAllArgs turns on every optional object of the chart, matching deploy/overlays/production
+// (plus the default policy, which kustomize ships as deploy/examples instead).
+var helmAllArgs = []string{
+	"--set", "monitoring.serviceMonitor.enabled=true",
+	"--set", "monitoring.prometheusRule.enabled=true",
+	"--set", "monitoring.dashboard.enabled=true",
+	"--set", "networkPolicy.enabled=true",
+	"--set", "policy.create=true",
+}
+
+func render(t *testing.T) *renderings {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &renderings{root: root}
+	load := func(what string, stream []byte, err error) []*unstructured.Unstructured {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		objs, err := Parse(stream)
+		if err != nil {
+			t.Fatalf("%s: parse: %v", what, err)
+		}
+		if len(objs) == 0 {
+			t.Fatalf("%s: no objects", what)
+		}
+		return objs
+	}
+	b, err := Kustomize(root, "deploy")
+	r.kustomize = load("kustomize deploy", b, err)
+	b, err = Kustomize(root, "deploy/overlays/production")
+	r.production = load("kustomize deploy/overlays/production", b, err)
+	helm, err := HelmBinary(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = HelmTemplate(root, helm, ns)
+	r.helm = load("helm template (defaults)", b, err)
+	b, err = HelmTemplate(root, helm, ns, helmAllArgs...)
+	r.helmAll = load("helm template (all optional objects)", b, err)
+	return r
+}
+
+func keys(objs []*unstructured.Unstructured) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, Key(o))
+	}
+	sort.Strings(out)
+	return out
+}
+
+func convert[T any](t *testing.T, o *unstructured.Unstructured) *T {
+	t.Helper()
+	var v T
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, &v, true); err != nil {
+		t.Fatalf("%s: %v", Key(o), err)
+	}
+	return &v
+}
+
+func mustFind(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	o := Find(objs, kind, name)
+	if o == nil {
+		t.Fatalf("no %s %s among %v", kind, name, keys(objs))
+	}
+	return o
+}
+
+func TestStaticInstallContainsEverything(t *testing.T) {
+	r := render(t)
+	want := []string{
+		"CustomResourceDefinition//overcommitpolicies.overcommit.dev",
+		"Namespace//kube-overcommit",
+		"ServiceAccount/kube-overcommit/kube-overcommit",
+		"Role/kube-overcommit/kube-overcommit",
+		"RoleBinding/kube-overcommit/kube-overcommit",
+		"ClusterRole//kube-overcommit",
+		"ClusterRoleBinding//kube-overcommit",
+		"Service/kube-overcommit/kube-overcommit",
+		"Deployment/kube-overcommit/kube-overcommit",
+		"PodDisruptionBudget/kube-overcommit/kube-overcommit",
+		"ValidatingAdmissionPolicy//kube-overcommit-webhook-guard",
+		"ValidatingAdmissionPolicyBinding//kube-overcommit-webhook-guard",
+	}
+	if got := keys(r.kustomize); !reflect.DeepEqual(got, sorted(want)) {
+		t.Errorf("deploy/ renders\n  %v\nwant\n  %v", got, sorted(want))
+	}
+	optional := []string{
+		"Service/kube-overcommit/kube-overcommit-metrics",
+		"ServiceMonitor/kube-overcommit/kube-overcommit",
+		"PrometheusRule/kube-overcommit/kube-overcommit",
+		"ConfigMap/kube-overcommit/kube-overcommit-dashboard",
+		"NetworkPolicy/kube-overcommit/kube-overcommit",
+	}
+	if got := keys(r.production); !reflect.DeepEqual(got, sorted(append(slices.Clone(want), optional...))) {
+		t.Errorf("deploy/overlays/production renders %v", got)
+	}
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	sort.Strings(s)
+	return s
+}
+
+// The chart must install the same objects as kustomize, with the same specs. Differences that
+// are intended: the Namespace (Helm installs into an existing one), the CRD (Helm's crds/ dir,
+// not rendered by `helm template` without --include-crds), the default policy (chart value;
+// kustomize has deploy/examples), and the labels Helm adds.
+func TestStaticHelmMatchesKustomize(t *testing.T) {
+	r := render(t)
+	var kz []string
+	for _, k := range keys(r.production) {
+		if !strings.HasPrefix(k, "Namespace/") && !strings.HasPrefix(k, "CustomResourceDefinition/") {
+			kz = append(kz, k)
+		}
+	}
+	var hm []string
+	for _, k := range keys(r.helmAll) {
+		if !strings.HasPrefix(k, "OvercommitPolicy/") {
+			hm = append(hm, k)
+		}
+	}
+	if !reflect.DeepEqual(kz, hm) {
+		t.Fatalf("objects differ:\n kustomize %v\n helm      %v", kz, hm)
+	}
+	for _, o := range r.production {
+		h := Find(r.helmAll, o.GetKind(), o.GetName())
+		if h == nil {
+			continue
+		}
+		for _, field := range []string{"spec", "rules", "roleRef", "subjects", "data"} {
+			a, aok := o.Object[field]
+			b, bok := h.Object[field]
+			if aok != bok {
+				t.Errorf("%s: %q present in kustomize %v, helm %v", Key(o), field, aok, bok)
+				continue
+			}
+			a, b = normalize(o.GetKind(), field, a), normalize(o.GetKind(), field, b)
+			if !reflect.DeepEqual(a, b) {
+				t.Errorf("%s: %s differs (kustomize vs helm): %s", Key(o), field, firstDifference(a, b))
+			}
+		}
+	}
+}
+
+// normalize removes what may legitimately differ between the two renderings.
+func normalize(kind, field string, v any) any {
+	b, _ := json.Marshal(v)
+	var c any
+	_ = json.Unmarshal(b, &c)
+	m, ok := c.(map[string]any)
+	if !ok {
+		return c
+	}
+	switch {
+	case kind == "Deployment" && field == "spec":
+		// Pod template labels/annotations: Helm may add chart labels; compared elsewhere.
+		if tmpl, ok := m["template"].(map[string]any); ok {
+			delete(tmpl, "metadata")
+		}
+	case kind == "PrometheusRule" && field == "spec":
+		// Thresholds are values in the chart; rules are compared alert by alert in
+		// TestStaticPrometheusRules. Comments are not in the data.
+	}
+	return m
+}
+
+// Security and availability properties every rendering of the Deployment must have.
+func TestStaticDeploymentInvariants(t *testing.T) {
+	r := render(t)
+	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm, "helm-all": r.helmAll} {
+		t.Run(name, func(t *testing.T) {
+			d := convert[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "kube-overcommit"))
+			checkDeployment(t, d)
+		})
+	}
+}
+
+func checkDeployment(t *testing.T, d *appsv1.Deployment) {
+	t.Helper()
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 3 {
+		t.Errorf("replicas = %v, want 3", d.Spec.Replicas)
+	}
+	p := d.Spec.Template.Spec
+	if p.PriorityClassName != "system-cluster-critical" {
+		t.Errorf("priorityClassName = %q", p.PriorityClassName)
+	}
+	if p.Affinity == nil || p.Affinity.PodAntiAffinity == nil || len(p.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) != 1 ||
+		p.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0].TopologyKey != "kubernetes.io/hostname" {
+		t.Errorf("want required pod anti-affinity on kubernetes.io/hostname, got %+v", p.Affinity)
+	}
+	if len(p.TopologySpreadConstraints) == 0 {
+		t.Error("no topologySpreadConstraints")
+	}
+	for _, c := range p.TopologySpreadConstraints {
+		if c.LabelSelector == nil || c.LabelSelector.MatchLabels["app.kubernetes.io/name"] != "kube-overcommit" {
+			t.Errorf("topology spread without our selector: %+v", c)
+		}
+	}
+	if !equalMaps(d.Spec.Selector.MatchLabels, d.Spec.Template.Labels, d.Spec.Selector.MatchLabels) {
+		t.Errorf("selector %v not in template labels %v", d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
+	}
+	if p.HostNetwork || p.HostPID || p.HostIPC {
+		t.Error("host namespaces used")
+	}
+	if p.ServiceAccountName != "kube-overcommit" {
+		t.Errorf("serviceAccountName = %q", p.ServiceAccountName)
+	}
+	sc := p.SecurityContext
+	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 ||
+		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %+v", sc)
+	}
+	if len(p.Containers) != 1 {
+		t.Fatalf("%d containers", len(p.Containers))
+	}
+	c := p.Containers[0]
+	cs := c.SecurityContext
+	if cs == nil || cs.AllowPrivilegeEscalation == nil || *cs.AllowPrivilegeEscalation || cs.ReadOnlyRootFilesystem == nil || !*cs.ReadOnlyRootFilesystem ||
+		cs.Capabilities == nil || !reflect.DeepEqual(cs.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(cs.Capabilities.Add) != 0 ||
+		(cs.Privileged != nil && *cs.Privileged) {
+		t.Errorf("container securityContext %+v", cs)
+	}
+	if len(c.Args) == 0 || c.Args[0] != "serve" {
+		t.Errorf("args %v: want serve first", c.Args)
+	}
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if ports["https"] != 8443 || ports["probes"] != 8080 {
+		t.Errorf("ports %v", ports)
+	}
+	if !slices.Contains(c.Args, "--listen=0.0.0.0:8443") || !slices.Contains(c.Args, "--probe-listen=0.0.0.0:8080") {
+		t.Errorf("args %v: listen addresses", c.Args)
+	}
+	probe := func(name string, pr *corev1.Probe, path string) {
+		if pr == nil || pr.HTTPGet == nil || pr.HTTPGet.Path != path || pr.HTTPGet.Port.String() != "probes" {
+			t.Errorf("%s probe %+v: want GET %s on port probes", name, pr, path)
+		}
+	}
+	probe("readiness", c.ReadinessProbe, "/readyz")
+	probe("liveness", c.LivenessProbe, "/healthz")
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	if env["POD_NAME"] != "metadata.name" || env["POD_NAMESPACE"] != "metadata.namespace" {
+		t.Errorf("downward API env %v", env)
+	}
+	// preStop sleep, then SIGTERM and drain: the grace period covers both.
+	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil {
+		t.Fatalf("no preStop sleep: %+v", c.Lifecycle)
+	}
+	sleep := c.Lifecycle.PreStop.Sleep.Seconds
+	if p.TerminationGracePeriodSeconds == nil || *p.TerminationGracePeriodSeconds < sleep+10 {
+		t.Errorf("terminationGracePeriodSeconds %v must exceed preStop sleep %d by the drain time (>= 10 s)", p.TerminationGracePeriodSeconds, sleep)
+	}
+	// The server's own shutdown grace must end before the kubelet's SIGKILL.
+	var shutdownGrace time.Duration
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--shutdown-grace="); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				t.Errorf("%s: %v", a, err)
+			}
+			shutdownGrace = d
+		}
+	}
+	if shutdownGrace == 0 || p.TerminationGracePeriodSeconds == nil ||
+		time.Duration(sleep)*time.Second+shutdownGrace >= time.Duration(*p.TerminationGracePeriodSeconds)*time.Second {
+		t.Errorf("preStop sleep %d s + --shutdown-grace %v must stay below terminationGracePeriodSeconds %v", sleep, shutdownGrace, p.TerminationGracePeriodSeconds)
+	}
+	if sleep < 5 {
+		t.Errorf("preStop sleep %d s is too short for endpoint removal to reach the API servers", sleep)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("resources %+v: want cpu/memory requests and a memory limit", c.Resources)
+	}
+	// The serving Secret is mounted, optional (bootstrap creates it); the CA Secret never is.
+	var tlsVol *corev1.Volume
+	for i, v := range p.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == "kube-overcommit-ca" {
+			t.Error("the CA Secret is mounted")
+		}
+		if v.Secret != nil && v.Secret.SecretName == "kube-overcommit-tls" {
+			tlsVol = &p.Volumes[i]
+		}
+		if v.HostPath != nil {
+			t.Errorf("hostPath volume %s", v.Name)
+		}
+	}
+	if tlsVol == nil || tlsVol.Secret.Optional == nil || !*tlsVol.Secret.Optional {
+		t.Fatalf("serving Secret volume missing or not optional: %+v", tlsVol)
+	}
+	mounted := false
+	for _, m := range c.VolumeMounts {
+		if m.Name == tlsVol.Name {
+			mounted = m.ReadOnly && m.MountPath == "/etc/kube-overcommit/tls"
+		}
+	}
+	if !mounted || !slices.Contains(c.Args, "--tls-dir=/etc/kube-overcommit/tls") {
+		t.Errorf("serving Secret not mounted read-only at the --tls-dir: %+v %v", c.VolumeMounts, c.Args)
+	}
+	// Restricted Pod Security Standard, latest version, evaluated by the admission plugin's own code.
+	eval, err := psapolicy.NewEvaluator(psapolicy.DefaultChecks(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lv := psaapi.LevelVersion{Level: psaapi.LevelRestricted, Version: psaapi.LatestVersion()}
+	for _, res := range eval.EvaluatePod(lv, &d.Spec.Template.ObjectMeta, &p) {
+		if !res.Allowed {
+			t.Errorf("restricted pod security: %s: %s", res.ForbiddenReason, res.ForbiddenDetail)
+		}
+	}
+}
+
+func equalMaps(sub, super map[string]string, _ map[string]string) bool {
+	for k, v := range sub {
+		if super[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// RBAC: nothing beyond what SECURITY.md lists.
+func TestStaticRBACLeastPrivilege(t *testing.T) {
+	r := render(t)
+	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm} {
+		t.Run(name, func(t *testing.T) {
+			role := convert[rbacv1.Role](t, mustFind(t, objs, "Role", "kube-overcommit"))
+			cr := convert[rbacv1.ClusterRole](t, mustFind(t, objs, "ClusterRole", "kube-overcommit"))
+			type grant struct{ group, resource, name, verb string }
+			allowed := map[grant]bool{}
+			for _, n := range []string{"kube-overcommit-tls", "kube-overcommit-ca"} {
+				for _, v := range []string{"get", "list", "watch", "update", "patch"} {
+					allowed[grant{"", "secrets", n, v}] = true
+				}
+			}
+			allowed[grant{"", "secrets", "", "create"}] = true
+			for _, v := range []string{"create", "get", "list", "watch", "update", "patch", "delete"} {
+				allowed[grant{"coordination.k8s.io", "leases", "", v}] = true
+			}
+			for _, v := range []string{"get", "list", "watch", "update", "patch"} {
+				allowed[grant{"admissionregistration.k8s.io", "mutatingwebhookconfigurations", "kube-overcommit", v}] = true
+			}
+			allowed[grant{"admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "create"}] = true
+			for _, v := range []string{"list", "watch"} {
+				allowed[grant{"overcommit.dev", "overcommitpolicies", "", v}] = true
+			}
+			seen := map[grant]bool{}
+			for _, rule := range append(slices.Clone(role.Rules), cr.Rules...) {
+				if len(rule.NonResourceURLs) > 0 {
+					t.Errorf("non-resource URLs granted: %v", rule.NonResourceURLs)
+				}
+				names := rule.ResourceNames
+				if len(names) == 0 {
+					names = []string{""}
+				}
+				for _, g := range rule.APIGroups {
+					for _, res := range rule.Resources {
+						for _, n := range names {
+							for _, v := range rule.Verbs {
+								gr := grant{g, res, n, v}
+								if !allowed[gr] {
+									t.Errorf("not least privilege: %+v", gr)
+								}
+								seen[gr] = true
+							}
+						}
+					}
+				}
+			}
+			for gr := range allowed {
+				if !seen[gr] {
+					t.Errorf("missing grant %+v", gr)
+				}
+			}
+		})
+	}
+}
+
+// promql parses an expression the way Prometheus does.
+func promql(expr string) error {
+	_, err := parser.ParseExpr(expr)
+	return err
+}
+
+func TestStaticPrometheusRules(t *testing.T) {
+	r := render(t)
+	kz := convert[monitoringv1.PrometheusRule](t, mustFind(t, r.production, "PrometheusRule", "kube-overcommit"))
+	hm := convert[monitoringv1.PrometheusRule](t, mustFind(t, r.helmAll, "PrometheusRule", "kube-overcommit"))
+	alerts := func(p *monitoringv1.PrometheusRule) map[string]monitoringv1.Rule {
+		out := map[string]monitoringv1.Rule{}
+		for _, g := range p.Spec.Groups {
+			for _, rule := range g.Rules {
+				if err := promql(exprOf(rule.Expr)); err != nil {
+					t.Errorf("%s: expression does not parse: %v\n%s", rule.Alert, err, exprOf(rule.Expr))
+				}
+				if rule.Labels["severity"] == "" {
+					t.Errorf("%s: no severity", rule.Alert)
+				}
+				out[rule.Alert] = rule
+			}
+		}
+		return out
+	}
+	ka, ha := alerts(kz), alerts(hm)
+	for _, name := range []string{"KubeOvercommitWebhookFailingOpen", "KubeOvercommitCertificateExpiresSoon", "KubeOvercommitNodeRequestsAboveRawAllocatable"} {
+		if _, ok := ka[name]; !ok {
+			t.Errorf("missing alert %s", name)
+		}
+	}
+	if !strings.Contains(exprOf(ka["KubeOvercommitWebhookFailingOpen"].Expr), "apiserver_admission_webhook_fail_open_count") {
+		t.Error("fail-open alert does not use the API server's counter")
+	}
+	if !strings.Contains(exprOf(ka["KubeOvercommitNodeRequestsAboveRawAllocatable"].Expr), "> 1.1") {
+		t.Error("requests alert threshold is not 110%")
+	}
+	if len(ka) != len(ha) {
+		t.Errorf("kustomize has %d alerts, helm %d", len(ka), len(ha))
+	}
+	for name, k := range ka {
+		h, ok := ha[name]
+		if !ok {
+			t.Errorf("helm lacks alert %s", name)
+			continue
+		}
+		he := exprOf(h.Expr)
+		if strings.Join(strings.Fields(he), " ") != strings.Join(strings.Fields(exprOf(k.Expr)), " ") {
+			t.Errorf("%s: expressions differ\nkustomize: %s\nhelm:      %s", name, exprOf(k.Expr), he)
+		}
+		if !reflect.DeepEqual(k.Annotations, h.Annotations) || !reflect.DeepEqual(k.Labels, h.Labels) || !reflect.DeepEqual(k.For, h.For) {
+			t.Errorf("%s: labels/annotations/for differ", name)
+		}
+	}
+	// Thresholds are chart values.
+	helm, err := HelmBinary(r.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := HelmTemplate(r.root, helm, ns, "--set", "monitoring.prometheusRule.enabled=true",
+		"--set", "monitoring.prometheusRule.requestsAboveRawAllocatableRatio=1.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte("> 1.3")) {
+		t.Error("requestsAboveRawAllocatableRatio not applied")
+	}
+}
+
+// ServiceMonitor and PrometheusRule decode strictly into the Prometheus Operator's own types.
+func TestStaticMonitoringTypes(t *testing.T) {
+	r := render(t)
+	for _, objs := range [][]*unstructured.Unstructured{r.production, r.helmAll} {
+		convert[monitoringv1.ServiceMonitor](t, mustFind(t, objs, "ServiceMonitor", "kube-overcommit"))
+		convert[monitoringv1.PrometheusRule](t, mustFind(t, objs, "PrometheusRule", "kube-overcommit"))
+		svc := convert[corev1.Service](t, mustFind(t, objs, "Service", "kube-overcommit-metrics"))
+		sm := convert[monitoringv1.ServiceMonitor](t, mustFind(t, objs, "ServiceMonitor", "kube-overcommit"))
+		if !equalMaps(sm.Spec.Selector.MatchLabels, svc.Labels, nil) {
+			t.Errorf("ServiceMonitor selector %v does not select the metrics Service %v", sm.Spec.Selector.MatchLabels, svc.Labels)
+		}
+		if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != svc.Spec.Ports[0].Name {
+			t.Errorf("ServiceMonitor endpoint %+v vs Service ports %+v", sm.Spec.Endpoints, svc.Spec.Ports)
+		}
+	}
+}
+
+func TestStaticDashboard(t *testing.T) {
+	r := render(t)
+	for _, objs := range [][]*unstructured.Unstructured{r.production, r.helmAll} {
+		cm := convert[corev1.ConfigMap](t, mustFind(t, objs, "ConfigMap", "kube-overcommit-dashboard"))
+		if cm.Labels["grafana_dashboard"] != "1" {
+			t.Errorf("dashboard ConfigMap labels %v", cm.Labels)
+		}
+		var dash struct {
+			UID    string `json:"uid"`
+			Title  string `json:"title"`
+			Panels []struct {
+				ID      int    `json:"id"`
+				Title   string `json:"title"`
+				Targets []struct {
+					Expr string `json:"expr"`
+				} `json:"targets"`
+			} `json:"panels"`
+		}
+		if err := json.Unmarshal([]byte(cm.Data["kube-overcommit.json"]), &dash); err != nil {
+			t.Fatalf("dashboard JSON: %v", err)
+		}
+		if dash.UID == "" || dash.Title == "" || len(dash.Panels) < 8 {
+			t.Errorf("dashboard uid %q title %q, %d panels", dash.UID, dash.Title, len(dash.Panels))
+		}
+		ids := map[int]bool{}
+		for _, p := range dash.Panels {
+			if ids[p.ID] {
+				t.Errorf("duplicate panel id %d", p.ID)
+			}
+			ids[p.ID] = true
+			if len(p.Targets) == 0 {
+				t.Errorf("panel %q has no query", p.Title)
+			}
+			for _, tg := range p.Targets {
+				e := strings.NewReplacer("$__rate_interval", "5m", "$job", ".*").Replace(tg.Expr)
+				if err := promql(e); err != nil {
+					t.Errorf("panel %q: %v\n%s", p.Title, err, tg.Expr)
+				}
+			}
+		}
+	}
+}
+
+// The chart carries copies of files owned elsewhere (Helm cannot read outside the chart).
+func TestStaticChartCopiesUpToDate(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for copy, orig := range map[string]string{
+		"charts/kube-overcommit/crds/overcommitpolicies.yaml": "deploy/crd/overcommitpolicies.yaml",
+		"charts/kube-overcommit/files/dashboard.json":         "deploy/components/monitoring/dashboard.json",
+	} {
+		a, err := os.ReadFile(filepath.Join(root, copy))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(root, orig))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s differs from %s: run `make chart-sync`", copy, orig)
+		}
+	}
+}
+
+func TestStaticHelmLintAndValidation(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	helm, err := HelmBinary(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chart := filepath.Join(root, "charts", "kube-overcommit")
+	if out, err := execOut(helm, "lint", "--strict", chart); err != nil {
+		t.Errorf("helm lint --strict: %v\n%s", err, out)
+	}
+	// Values are validated: bad input gets a clear error, not a broken manifest.
+	for _, c := range []struct {
+		set, wantErr string
+	}{
+		{"webhook.timeoutSeconds=9", "timeoutSeconds"},
+		{"podAntiAffinity=sometimes", "podAntiAffinity"},
+		{"preStopSleepSeconds=40", "terminationGracePeriodSeconds"},
+	} {
+		_, err := HelmTemplate(root, helm, ns, "--set", c.set)
+		if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+			t.Errorf("--set %s: error %v, want one mentioning %s", c.set, err, c.wantErr)
+		}
+	}
+	// Null values keep the binary's defaults: no flag is rendered for them.
+	b, err := HelmTemplate(root, helm, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, flag := range []string{"--webhook-timeout-seconds", "--ca-validity", "--leaf-validity", "--check-interval", "--propagation-delay", "--lease-ttl", "--lease-renew"} {
+		if bytes.Contains(b, []byte(flag)) {
+			t.Errorf("default render passes %s", flag)
+		}
+	}
+	b, err = HelmTemplate(root, helm, ns, "--set", "webhook.timeoutSeconds=3", "--set", "certificates.leafValidity=1h",
+		"--set", "replicaCount=5", "--set", "policy.create=true", "--set", "policy.nodeRatios.memory=1.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := convert[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "kube-overcommit"))
+	if *d.Spec.Replicas != 5 || !slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--leaf-validity=1h") {
+		t.Errorf("values not applied: replicas %d args %v", *d.Spec.Replicas, d.Spec.Template.Spec.Containers[0].Args)
+	}
+	pol := mustFind(t, objs, "OvercommitPolicy", "default")
+	ratios, _, _ := unstructured.NestedStringMap(pol.Object, "spec", "nodeRatios")
+	if ratios["cpu"] != "1.5" || ratios["memory"] != "1.2" {
+		t.Errorf("policy ratios %v (must be strings)", ratios)
+	}
+}
+
+func execOut(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	return string(out), err
+}
+
+func exprOf(e intstr.IntOrString) string { return e.String() }
+
+// firstDifference shows the first differing line of two values' indented JSON, with context.
+func firstDifference(a, b any) string {
+	ja, _ := json.MarshalIndent(a, "", " ")
+	jb, _ := json.MarshalIndent(b, "", " ")
+	la, lb := strings.Split(string(ja), "\n"), strings.Split(string(jb), "\n")
+	for i := 0; i < len(la) || i < len(lb); i++ {
+		var x, y string
+		if i < len(la) {
+			x = la[i]
+		}
+		if i < len(lb) {
+			y = lb[i]
+		}
+		if x != y {
+			from := max(0, i-3)
+			return "\n...\n" + strings.Join(la[from:i], "\n") + "\n- " + truncate(x) + "\n+ " + truncate(y)
+		}
+	}
+	return "(no line differs)"
+}
+
+func truncate(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "..."
+	}
+	return s
+}
