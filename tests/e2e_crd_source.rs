@@ -110,10 +110,12 @@ async fn crd_source_follows_the_api_server() {
     let pki = Pki::new();
     let leaf = pki.leaf("crd");
     let kubeconfig = cp.kubeconfig();
+    // This test is about the policy source: no leader election, so readiness does not wait
+    // for a caBundle (the leader and its readiness are tested in tests/cluster/e2e).
     let w = Webhook::start_opts(
         Some(&leaf),
         false,
-        &[],
+        &["--leader-election", "false"],
         &[("KUBECONFIG", kubeconfig.as_str())],
     );
 
