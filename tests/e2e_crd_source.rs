@@ -158,15 +158,7 @@ async fn crd_source_follows_the_api_server() {
     assert_eq!(loaded(&w.metrics().await), 1.0);
 
     let c = client_for(&w, pki.ca_der(), false);
-    let v: serde_json::Value = c
-        .post(url(&w, "/mutate"))
-        .json(&node_review("crd-1", "4"))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let v = mutate_json(&c, &w, &node_review("crd-1", "4")).await;
     assert_eq!(v["response"]["patchType"], "JSONPatch", "{v}");
 
     // A second policy, then deleting the first.
@@ -215,15 +207,7 @@ async fn crd_source_follows_the_api_server() {
         .await
     );
     assert_eq!(loaded(&w.metrics().await), 1.0);
-    let v: serde_json::Value = c
-        .post(url(&w, "/mutate"))
-        .json(&node_review("crd-2", "4"))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let v = mutate_json(&c, &w, &node_review("crd-2", "4")).await;
     assert_eq!(
         v["response"]["patchType"], "JSONPatch",
         "the valid version stays: {v}"

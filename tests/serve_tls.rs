@@ -703,15 +703,7 @@ async fn policy_file_reloads_and_a_bad_file_keeps_the_last_good_set() {
     assert!(w.logs().contains("policy file refused"));
     // Reviews still use the last good set.
     let c = client_for(&w, pki.ca_der(), false);
-    let v: serde_json::Value = c
-        .post(url(&w, "/mutate"))
-        .json(&node_review("with-last-good", "4"))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let v = mutate_json(&c, &w, &node_review("with-last-good", "4")).await;
     assert_eq!(v["response"]["patchType"], "JSONPatch", "{v}");
 
     // Removing every policy restores the truth: no inflation.

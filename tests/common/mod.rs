@@ -275,6 +275,22 @@ impl Drop for Webhook {
 }
 
 /// Poll `cond` every 20 ms until it holds or `timeout` passes.
+/// POST a review to /mutate and return the JSON answer (panics: this is a test helper).
+pub async fn mutate_json(
+    c: &reqwest::Client,
+    w: &Webhook,
+    review: &serde_json::Value,
+) -> serde_json::Value {
+    c.post(url(w, "/mutate"))
+        .json(review)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json")
+}
+
 pub async fn wait_until<F, Fut>(timeout: Duration, mut cond: F) -> bool
 where
     F: FnMut() -> Fut,
