@@ -1,5 +1,6 @@
 //! Leader metrics: leadership, rotations by kind and outcome, seconds until the serving leaf and
-//! the CA expire, configuration repairs. Registered in the process-wide registry.
+//! the CA expire, configuration repairs, and (leader only, `node_metrics`) the raw allocatable
+//! of inflated nodes. Registered in the process-wide registry.
 
 use std::sync::atomic::AtomicU64;
 
@@ -25,6 +26,17 @@ pub struct RepairLabels {
     pub action: String,
 }
 
+/// Labels of `node_raw_allocatable`, the same as kube-state-metrics'
+/// `kube_node_status_allocatable`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeResourceLabels {
+    pub node: String,
+    /// The resource name with every character outside `[a-zA-Z0-9_]` replaced by `_`.
+    pub resource: String,
+    /// `core`, `byte` or `integer`.
+    pub unit: String,
+}
+
 /// The leader's metrics; cheap to clone (shared handles).
 #[derive(Clone, Debug, Default)]
 pub struct LeaderMetrics {
@@ -33,6 +45,10 @@ pub struct LeaderMetrics {
     pub leaf_expiry_seconds: Gauge<f64, AtomicU64>,
     pub ca_expiry_seconds: Gauge<f64, AtomicU64>,
     pub repairs: Family<RepairLabels, Counter>,
+    /// Leader only: the kubelet's allocatable of each inflated node (cores, bytes, counts).
+    pub node_raw_allocatable: Family<NodeResourceLabels, Gauge<f64, AtomicU64>>,
+    /// Leader only: nodes whose raw-allocatable annotation cannot be read.
+    pub node_raw_allocatable_unreadable: Gauge,
 }
 
 impl LeaderMetrics {
@@ -62,6 +78,18 @@ impl LeaderMetrics {
             "config_repairs",
             "Objects created or repaired by the leader",
             m.repairs.clone(),
+        );
+        registry.register(
+            "node_raw_allocatable",
+            "Leader only: the kubelet's own allocatable of each inflated node, from the \
+             overcommit.dev/raw-allocatable annotation (cpu in cores, memory in bytes)",
+            m.node_raw_allocatable.clone(),
+        );
+        registry.register(
+            "node_raw_allocatable_unreadable_nodes",
+            "Leader only: nodes whose overcommit.dev/raw-allocatable annotation cannot be read \
+             (no node_raw_allocatable for them)",
+            m.node_raw_allocatable_unreadable.clone(),
         );
         m
     }

@@ -28,12 +28,17 @@
 //!   and is not expired.
 //! - `rotate`: `kube-overcommit rotate [--ca]` sets `overcommit.dev/rotate` on the serving
 //!   Secret; the leader acts on it and clears it.
+//! - `node_metrics`: while leading, `kube_overcommit_node_raw_allocatable` from a metadata-only
+//!   watch of nodes (`raw_allocatable`: the pure reading of the annotation); cleared when
+//!   leadership is lost, so one replica per cluster exports it.
 
 pub mod certs;
 pub mod controller;
 pub mod duration;
 pub mod election;
 pub mod metrics;
+pub mod node_metrics;
+pub mod raw_allocatable;
 pub mod readiness;
 pub mod replicas;
 pub mod rotate;
@@ -326,13 +331,22 @@ async fn supervise(
             metrics.clone(),
         );
         let mut task = tokio::spawn(controller.run());
+        let node_task = tokio::spawn(node_metrics::run(Api::all(client.clone()), metrics.clone()));
         let mut ended_by_itself = false;
+        let mut stopping = false;
         tokio::select! {
             _ = leading.wait_for(|l| !*l) => {}
-            _ = shutdown.wait_for(|s| *s) => { task.abort(); return }
+            _ = shutdown.wait_for(|s| *s) => stopping = true,
             _ = &mut task => ended_by_itself = true,
         }
         task.abort();
+        node_task.abort();
+        // Only once the task has stopped can no late update bring a series back.
+        let _ = node_task.await;
+        node_metrics::clear(&metrics);
+        if stopping {
+            return;
+        }
         if ended_by_itself {
             // The loop saw its claim expire before the election task did: let that catch up.
             tokio::time::sleep(Duration::from_millis(200)).await;

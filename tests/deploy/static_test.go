@@ -394,6 +394,7 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 			allowed[grant{"admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "create"}] = true
 			for _, v := range []string{"list", "watch"} {
 				allowed[grant{"overcommit.dev", "overcommitpolicies", "", v}] = true
+				allowed[grant{"", "nodes", "", v}] = true
 			}
 			seen := map[grant]bool{}
 			for _, rule := range append(slices.Clone(role.Rules), cr.Rules...) {
