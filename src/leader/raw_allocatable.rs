@@ -103,68 +103,60 @@ mod tests {
         a
     }
 
-    fn sample(resource: &str, unit: &'static str, value: f64) -> RawSample {
-        RawSample {
-            resource: resource.into(),
-            unit,
-            value,
-        }
-    }
-
     #[test]
     fn samples_from_the_annotation() {
-        let cases: Vec<(&str, Option<&str>, Vec<RawSample>)> = vec![
-            ("not inflated: no annotation", None, vec![]),
-            ("empty map", Some("{}"), vec![]),
+        // One resource each: (annotation, resource label, unit, value).
+        let single: &[(&str, &str, &str, f64)] = &[
+            (r#"{"cpu":"4"}"#, "cpu", "core", 4.0),
+            (r#"{"cpu":"3920m"}"#, "cpu", "core", 3.92),
+            (r#"{"cpu":"0"}"#, "cpu", "core", 0.0),
+            (r#"{"memory":"16Gi"}"#, "memory", "byte", 17179869184.0),
             (
-                "whole cores",
-                Some(r#"{"cpu":"4"}"#),
-                vec![sample("cpu", "core", 4.0)],
+                r#"{"memory":"32657788Ki"}"#,
+                "memory",
+                "byte",
+                33441574912.0,
+            ),
+            (r#"{"memory":"1.5G"}"#, "memory", "byte", 1.5e9),
+            (
+                r#"{"ephemeral-storage":"100Gi"}"#,
+                "ephemeral_storage",
+                "byte",
+                107374182400.0,
             ),
             (
-                "millicores",
-                Some(r#"{"cpu":"3920m"}"#),
-                vec![sample("cpu", "core", 3.92)],
+                r#"{"hugepages-2Mi":"1Gi"}"#,
+                "hugepages_2Mi",
+                "byte",
+                1073741824.0,
             ),
+            (r#"{"pods":"110"}"#, "pods", "integer", 110.0),
             (
-                "binary memory in bytes",
-                Some(r#"{"memory":"16Gi"}"#),
-                vec![sample("memory", "byte", 17179869184.0)],
-            ),
-            (
-                "kibibytes as the kubelet writes them",
-                Some(r#"{"memory":"32657788Ki"}"#),
-                vec![sample("memory", "byte", 33441574912.0)],
-            ),
-            (
-                "decimal memory",
-                Some(r#"{"memory":"1.5G"}"#),
-                vec![sample("memory", "byte", 1.5e9)],
-            ),
-            (
-                "several resources, sorted, names as kube-state-metrics writes them",
-                Some(
-                    r#"{"pods":"110","ephemeral-storage":"100Gi","cpu":"8","hugepages-2Mi":"1Gi","example.com/gpu":"2"}"#,
-                ),
-                vec![
-                    sample("cpu", "core", 8.0),
-                    sample("ephemeral_storage", "byte", 107374182400.0),
-                    sample("example_com_gpu", "integer", 2.0),
-                    sample("hugepages_2Mi", "byte", 1073741824.0),
-                    sample("pods", "integer", 110.0),
-                ],
-            ),
-            (
-                "zero",
-                Some(r#"{"cpu":"0"}"#),
-                vec![sample("cpu", "core", 0.0)],
+                r#"{"example.com/gpu":"2"}"#,
+                "example_com_gpu",
+                "integer",
+                2.0,
             ),
         ];
-        for (name, raw, want) in cases {
-            let a = annotations(raw);
-            assert_eq!(raw_allocatable(Some(&a)), Ok(want), "{name}");
+        for &(raw, resource, unit, value) in single {
+            let a = annotations(Some(raw));
+            let want = vec![RawSample {
+                resource: resource.into(),
+                unit,
+                value,
+            }];
+            assert_eq!(raw_allocatable(Some(&a)), Ok(want), "{raw}");
         }
+        let none = annotations(None);
+        assert_eq!(raw_allocatable(Some(&none)), Ok(vec![]), "not inflated");
         assert_eq!(raw_allocatable(None), Ok(vec![]), "no annotations at all");
+        let empty = annotations(Some("{}"));
+        assert_eq!(raw_allocatable(Some(&empty)), Ok(vec![]), "empty map");
+        let several = annotations(Some(r#"{"pods":"110","memory":"1Ki","cpu":"8"}"#));
+        let resources: Vec<String> = raw_allocatable(Some(&several))
+            .map(|s| s.into_iter().map(|s| s.resource).collect())
+            .unwrap_or_default();
+        assert_eq!(resources, ["cpu", "memory", "pods"], "several, sorted");
     }
 
     #[test]

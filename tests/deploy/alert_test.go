@@ -10,8 +10,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,71 +17,100 @@ import (
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	promqlengine "github.com/prometheus/prometheus/promql"
-	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/tsdb/chunkenc"
 	"github.com/prometheus/prometheus/tsdb/chunks"
 	"github.com/prometheus/prometheus/util/annotations"
 )
 
-// requestsAlertSeries: what kube-state-metrics and the kube-overcommit leader export for five
-// nodes, one sample each.
-//
-//	inflated-over   cpu raw 4, inflated to 8 (KSM shows 8), requests 4.5: 112.5% of raw -> fires
-//	inflated-at     cpu raw 10, inflated to 20, requests 11: exactly 110% -> does not fire
-//	inflated-under  cpu raw 4, inflated to 8, requests 4; memory raw 16Gi (our metric) and
-//	                requests 18Gi: 112.5% -> fires for memory only
-//	deflated        no annotation any more (policy deleted): no series of ours, KSM shows the
-//	                kubelet's 4 cpu, the pods bound while it was inflated request 6 -> fires
-//	plain           never inflated: KSM 4 cpu, requests 4 by a running pod plus 8 by a
-//	                Succeeded one (not counted) -> does not fire
-const requestsAlertSeries = `
-kube_node_status_allocatable{node="inflated-over",resource="cpu",unit="core"}                  8
-kube_node_status_allocatable{node="inflated-over",resource="memory",unit="byte"}               17179869184
-kube_node_status_allocatable{node="inflated-at",resource="cpu",unit="core"}                    20
-kube_node_status_allocatable{node="inflated-under",resource="cpu",unit="core"}                 8
-kube_node_status_allocatable{node="inflated-under",resource="memory",unit="byte"}              34359738368
-kube_node_status_allocatable{node="inflated-under",resource="pods",unit="integer"}             110
-kube_node_status_allocatable{node="deflated",resource="cpu",unit="core"}                       4
-kube_node_status_allocatable{node="plain",resource="cpu",unit="core"}                          4
-kube_overcommit_node_raw_allocatable{node="inflated-over",resource="cpu",unit="core",pod="ko-1"}       4
-kube_overcommit_node_raw_allocatable{node="inflated-at",resource="cpu",unit="core",pod="ko-1"}         10
-kube_overcommit_node_raw_allocatable{node="inflated-under",resource="cpu",unit="core",pod="ko-1"}      4
-kube_overcommit_node_raw_allocatable{node="inflated-under",resource="memory",unit="byte",pod="ko-1"}   17179869184
-kube_pod_container_resource_requests{namespace="a",pod="over-1",container="c",node="inflated-over",resource="cpu",unit="core"}   2
-kube_pod_container_resource_requests{namespace="a",pod="over-2",container="c",node="inflated-over",resource="cpu",unit="core"}   2.5
-kube_pod_container_resource_requests{namespace="a",pod="over-1",container="c",node="inflated-over",resource="memory",unit="byte"} 1073741824
-kube_pod_container_resource_requests{namespace="a",pod="at-1",container="c",node="inflated-at",resource="cpu",unit="core"}       11
-kube_pod_container_resource_requests{namespace="a",pod="under-1",container="c",node="inflated-under",resource="cpu",unit="core"} 4
-kube_pod_container_resource_requests{namespace="a",pod="under-1",container="c",node="inflated-under",resource="memory",unit="byte"}  19327352832
-kube_pod_container_resource_requests{namespace="a",pod="defl-1",container="c",node="deflated",resource="cpu",unit="core"}        3
-kube_pod_container_resource_requests{namespace="a",pod="defl-1",container="d",node="deflated",resource="cpu",unit="core"}        3
-kube_pod_container_resource_requests{namespace="a",pod="plain-1",container="c",node="plain",resource="cpu",unit="core"}         4
-kube_pod_container_resource_requests{namespace="a",pod="plain-done",container="c",node="plain",resource="cpu",unit="core"}      8
-kube_pod_status_phase{namespace="a",pod="over-1",phase="Running"}     1
-kube_pod_status_phase{namespace="a",pod="over-1",phase="Succeeded"}   0
-kube_pod_status_phase{namespace="a",pod="over-2",phase="Pending"}     1
-kube_pod_status_phase{namespace="a",pod="at-1",phase="Running"}       1
-kube_pod_status_phase{namespace="a",pod="under-1",phase="Running"}    1
-kube_pod_status_phase{namespace="a",pod="defl-1",phase="Running"}     1
-kube_pod_status_phase{namespace="a",pod="plain-1",phase="Running"}    1
-kube_pod_status_phase{namespace="a",pod="plain-done",phase="Running"} 0
-kube_pod_status_phase{namespace="a",pod="plain-done",phase="Succeeded"} 1
-`
+const gi = 1 << 30
+
+// alertNode is a node as kube-state-metrics sees it (allocatable as stored, inflated where a
+// policy applies) and, when inflated, as the kube-overcommit leader exports it (the raw value).
+type alertNode struct {
+	name   string
+	stored map[string]float64 // kube_node_status_allocatable
+	raw    map[string]float64 // kube_overcommit_node_raw_allocatable; nil: not inflated
+}
+
+// alertPod is a pod of one container bound to a node.
+type alertPod struct {
+	name, node, phase string
+	requests          map[string]float64
+}
+
+var requestsAlertNodes = []alertNode{
+	// cpu inflated 4 -> 8, requests 4.5: 112.5% of raw -> fires (KSM's 8 alone would not);
+	// memory not inflated (KSM's value), requests 1Gi of 16Gi -> does not fire.
+	{"inflated-over", map[string]float64{"cpu": 8, "memory": 16 * gi}, map[string]float64{"cpu": 4}},
+	// cpu inflated 10 -> 20, requests 11: exactly 110% -> does not fire.
+	{"inflated-at", map[string]float64{"cpu": 20}, map[string]float64{"cpu": 10}},
+	// cpu 4 -> 8, requests 4: 100%; memory 16Gi -> 32Gi, requests 18Gi: 112.5% -> fires for memory.
+	{"inflated-under", map[string]float64{"cpu": 8, "memory": 32 * gi, "pods": 110}, map[string]float64{"cpu": 4, "memory": 16 * gi}},
+	// The policy was deleted: no annotation, no series of ours, KSM shows the kubelet's 4 cpu and
+	// 8Gi; the pods bound while the node looked larger request 6 cpu and 12Gi -> fires for both.
+	{"deflated", map[string]float64{"cpu": 4, "memory": 8 * gi}, nil},
+	// Never inflated: 4 cpu, requests 4 by a running pod, 8 more by a Succeeded one (not
+	// counted) -> does not fire.
+	{"plain", map[string]float64{"cpu": 4}, nil},
+}
+
+var requestsAlertPods = []alertPod{
+	{"over-1", "inflated-over", "Running", map[string]float64{"cpu": 2, "memory": 1 * gi}},
+	{"over-2", "inflated-over", "Pending", map[string]float64{"cpu": 2.5}},
+	{"at-1", "inflated-at", "Running", map[string]float64{"cpu": 11}},
+	{"under-1", "inflated-under", "Running", map[string]float64{"cpu": 4, "memory": 18 * gi}},
+	{"defl-1", "deflated", "Running", map[string]float64{"cpu": 3, "memory": 6 * gi}},
+	{"defl-2", "deflated", "Running", map[string]float64{"cpu": 3, "memory": 6 * gi}},
+	{"plain-1", "plain", "Running", map[string]float64{"cpu": 4}},
+	{"plain-done", "plain", "Succeeded", map[string]float64{"cpu": 8}},
+}
+
+// requestsAlertSeries: the series kube-state-metrics and the leader export for the nodes and
+// pods above, one sample each at `at`. Every pod has a kube_pod_status_phase series per phase,
+// 1 for its own, as kube-state-metrics writes them.
+func requestsAlertSeries(at time.Time) memSeries {
+	var out memSeries
+	add := func(v float64, nameAndLabels ...string) {
+		s := []chunks.Sample{floatSample{t: at.UnixMilli(), f: v}}
+		out = append(out, storage.NewListSeries(labels.FromStrings(append([]string{"__name__"}, nameAndLabels...)...), s))
+	}
+	unit := map[string]string{"cpu": "core", "memory": "byte", "pods": "integer"}
+	for _, n := range requestsAlertNodes {
+		for res, v := range n.stored {
+			add(v, "kube_node_status_allocatable", "node", n.name, "resource", res, "unit", unit[res])
+		}
+		for res, v := range n.raw {
+			add(v, "kube_overcommit_node_raw_allocatable", "node", n.name, "resource", res, "unit", unit[res], "pod", "kube-overcommit-0")
+		}
+	}
+	for _, p := range requestsAlertPods {
+		for res, v := range p.requests {
+			add(v, "kube_pod_container_resource_requests", "namespace", "a", "pod", p.name, "container", "c", "node", p.node, "resource", res, "unit", unit[res])
+		}
+		for _, phase := range []string{"Pending", "Running", "Succeeded", "Failed", "Unknown"} {
+			v := 0.0
+			if phase == p.phase {
+				v = 1
+			}
+			add(v, "kube_pod_status_phase", "namespace", "a", "pod", p.name, "phase", phase)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return labels.Compare(out[i].Labels(), out[j].Labels()) < 0 })
+	return out
+}
 
 // The alerts expected: node/resource -> the ratio of requests to the real allocatable.
 var requestsAlertWant = map[string]float64{
 	"inflated-over/cpu":     4.5 / 4,
 	"inflated-under/memory": 18.0 / 16,
 	"deflated/cpu":          6.0 / 4,
+	"deflated/memory":       12.0 / 8,
 }
 
 func TestStaticRequestsAlertEvaluates(t *testing.T) {
 	r := render(t)
-	series, err := parseSeries(requestsAlertSeries, time.Unix(0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	series := requestsAlertSeries(time.Unix(0, 0))
 	engine := promqlengine.NewEngine(promqlengine.EngineOpts{MaxSamples: 1_000_000, Timeout: 10 * time.Second, LookbackDelta: 5 * time.Minute})
 	at := time.Unix(0, 0).Add(time.Minute)
 	for what, objs := range map[string]*monitoringv1.PrometheusRule{
@@ -152,32 +179,6 @@ func sortedKeys(m map[string]float64) []string {
 // memSeries: series of one float sample each, selected by matchers. Enough for instant queries
 // without range selectors.
 type memSeries []storage.Series
-
-// parseSeries reads lines `metric{labels} value` into series with one sample at `at`.
-func parseSeries(text string, at time.Time) (memSeries, error) {
-	var out memSeries
-	for _, line := range strings.Split(text, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" {
-			continue
-		}
-		i := strings.LastIndexAny(line, " \t")
-		if i < 0 {
-			return nil, fmt.Errorf("no value: %q", line)
-		}
-		lbls, err := parser.ParseMetric(strings.TrimSpace(line[:i]))
-		if err != nil {
-			return nil, fmt.Errorf("%q: %w", line, err)
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, fmt.Errorf("%q: %w", line, err)
-		}
-		out = append(out, storage.NewListSeries(lbls, []chunks.Sample{floatSample{t: at.UnixMilli(), f: v}}))
-	}
-	sort.Slice(out, func(i, j int) bool { return labels.Compare(out[i].Labels(), out[j].Labels()) < 0 })
-	return out, nil
-}
 
 func (m memSeries) Querier(int64, int64) (storage.Querier, error) { return m, nil }
 

@@ -12,6 +12,9 @@ package e2e
 //  3. A node labelled overcommit.dev/disabled=true, then every node once the policy is deleted,
 //     gets the kubelet's own value back and loses the annotations; later writes keep it.
 //  4. Pod defaults in a labelled namespace; kube-system and unlabelled namespaces untouched.
+//  5. The Lease holder alone exports kube_overcommit_node_raw_allocatable, the kubelet's cpu of
+//     each inflated node, also after the Lease is handed to the other replica while both run;
+//     a node's series goes when it loses the annotation.
 //
 // Throughout, no fake kubelet status write or registration fails.
 
@@ -20,6 +23,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -151,6 +155,30 @@ func TestOvercommit(t *testing.T) {
 	}
 	t.Logf("policy applied: cpu %s -> %s on %v (%.1fs)", raw, inflated, nodes.Names, time.Since(start).Seconds())
 
+	// 5. The Lease holder, and only it, exports the kubelet's own cpu of every inflated node as
+	// kube_overcommit_node_raw_allocatable (in cores); it follows the leadership when the Lease
+	// is handed to the other replica while both keep running.
+	rawCPU := map[string]float64{}
+	for _, n := range nodes.Names {
+		rawCPU[n+"/cpu"] = ocNodeCPU
+	}
+	leader, err := waitRawAllocatable(ctx, in, rawCPU, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("leader %s exports raw allocatable %v, the other replicas none (%.1fs)", leader.Identity(), rawCPU, time.Since(start).Seconds())
+	if err := handLeaseTo(ctx, cs, in, otherReplica(in, leader)); err != nil {
+		t.Fatal(err)
+	}
+	newLeader, err := waitRawAllocatable(ctx, in, rawCPU, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newLeader == leader || !leader.Alive() {
+		t.Fatalf("leadership not handed over live: leader %s (was %s, alive %v)", newLeader.Identity(), leader.Identity(), leader.Alive())
+	}
+	t.Logf("Lease handed to %s: it exports, %s (still running) exports none (%.1fs)", newLeader.Identity(), leader.Identity(), time.Since(start).Seconds())
+
 	// 2b. The scheduler now binds up to the inflated capacity, and no further.
 	inflatedFit := ocNodes * ocNodeCPU * ocRatio
 	after, err := waitPlacement(ctx, cs, ns, inflatedFit, ocReplicas, 90*time.Second)
@@ -207,6 +235,10 @@ func TestOvercommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s labelled %s=true: cpu back to %s; %s still %s (%.1fs)", optedOut, ocDisabledLabel, raw, kept, inflated, time.Since(start).Seconds())
+	// The opted-out node lost the annotation: its series goes, the other stays.
+	if _, err := waitRawAllocatable(ctx, in, map[string]float64{kept + "/cpu": ocNodeCPU}, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
 
 	// 3. Deleting the policy restores the raw value and removes the annotations.
 	if err := policies.Delete(ctx, "oc-pool-cpu", metav1.DeleteOptions{}); err != nil {
@@ -247,6 +279,11 @@ func TestOvercommit(t *testing.T) {
 		}
 	}
 	t.Logf("policy deleted: %v back to cpu %s without annotations, and stays there (%.1fs)", nodes.Names, raw, time.Since(start).Seconds())
+	// No node is inflated any more: no series anywhere.
+	if _, err := waitRawAllocatable(ctx, in, map[string]float64{}, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("raw allocatable series gone with the annotations (%.1fs)", time.Since(start).Seconds())
 
 	// Throughout: not one failed status write or registration, and the webhook did change writes.
 	st, err = nodes.Stats()
@@ -560,4 +597,72 @@ func waitPoliciesLoaded(in *install.Installation, n int) error {
 		}
 		return nil
 	})
+}
+
+// rawAllocatableSeries reads a replica's kube_overcommit_node_raw_allocatable as
+// "node/resource" -> value.
+func rawAllocatableSeries(r *install.Replica) (map[string]float64, error) {
+	m, err := replicaMetrics(r)
+	if err != nil {
+		return nil, err
+	}
+	label := func(labels, name string) string {
+		_, v, _ := strings.Cut(labels, name+`="`)
+		v, _, _ = strings.Cut(v, `"`)
+		return v
+	}
+	out := map[string]float64{}
+	for k, v := range m {
+		if labels, ok := strings.CutPrefix(k, "kube_overcommit_node_raw_allocatable{"); ok {
+			out[label(labels, "node")+"/"+label(labels, "resource")] = v
+		}
+	}
+	return out, nil
+}
+
+// waitRawAllocatable waits until the Lease holder exports exactly want and every other replica
+// exports no series, and returns the holder.
+func waitRawAllocatable(ctx context.Context, in *install.Installation, want map[string]float64, timeout time.Duration) (*install.Replica, error) {
+	var leader *install.Replica
+	err := harness.Eventually(timeout, 200*time.Millisecond, func() error {
+		leader = in.Leader(ctx)
+		if leader == nil {
+			return fmt.Errorf("no replica holds the Lease")
+		}
+		for _, r := range in.Replicas() {
+			got, err := rawAllocatableSeries(r)
+			if err != nil {
+				return err
+			}
+			if r == leader && !maps.Equal(got, want) {
+				return fmt.Errorf("leader %s exports %v, want %v", r.Identity(), got, want)
+			}
+			if r != leader && len(got) != 0 {
+				return fmt.Errorf("replica %s does not lead and exports %v", r.Identity(), got)
+			}
+		}
+		return nil
+	})
+	return leader, err
+}
+
+func otherReplica(in *install.Installation, not *install.Replica) *install.Replica {
+	for _, r := range in.Replicas() {
+		if r != not {
+			return r
+		}
+	}
+	return nil
+}
+
+// handLeaseTo makes `to` the holder of the leader Lease while the old holder keeps running:
+// at its next renewal the old holder finds the Lease held by another and steps down, and `to`
+// finds itself the holder and renews.
+func handLeaseTo(ctx context.Context, cs kubernetes.Interface, in *install.Installation, to *install.Replica) error {
+	if to == nil {
+		return fmt.Errorf("no other replica to hand the Lease to")
+	}
+	patch := fmt.Sprintf(`{"spec":{"holderIdentity":%q,"renewTime":%q}}`, to.Identity(), time.Now().UTC().Format("2006-01-02T15:04:05.000000Z07:00"))
+	_, err := cs.CoordinationV1().Leases(in.Namespace).Patch(ctx, in.LeaseName, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
 }
