@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -244,6 +246,7 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		}
 	}()
 	var last string
+	var rawCPU float64 // cores, from the inflated allocatable (twice the raw value)
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
@@ -251,12 +254,44 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		}
 		raw := n.Annotations["overcommit.dev/raw-allocatable"]
 		last = fmt.Sprintf("allocatable cpu %s, raw %q", n.Status.Allocatable.Cpu(), raw)
+		rawCPU = float64(n.Status.Allocatable.Cpu().MilliValue()) / 2000
 		return raw != "" && inflated(n, raw), nil
 	})
 	if err != nil {
 		t.Errorf("node %s never inflated by policy (the fake node writes its status at least every 2 s): %s", node, last)
 	}
 	t.Logf("node %s: %s", node, last)
+
+	// The leader's node metadata watch works under the ServiceAccount (list, watch nodes): its
+	// /metrics has the node's raw cpu, the other replica's has none.
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		lease, err := client.CoordinationV1().Leases(ns).Get(ctx, "kube-overcommit-leader", metav1.GetOptions{})
+		if err != nil || lease.Spec.HolderIdentity == nil {
+			return false, nil
+		}
+		for _, r := range replicas {
+			text, err := get(httpc, "http://"+r.probe+"/metrics")
+			if err != nil {
+				return false, nil
+			}
+			series := grepLines(text, "kube_overcommit_node_raw_allocatable{")
+			if r.name == *lease.Spec.HolderIdentity {
+				last = fmt.Sprintf("leader %s: %q, want cpu %v", r.name, series, rawCPU)
+				cpu := grepLines(series, `node="`+node+`",resource="cpu",unit="core"}`)
+				v, err := strconv.ParseFloat(cpu[strings.LastIndexByte(cpu, ' ')+1:], 64)
+				if err != nil || v != rawCPU {
+					return false, nil
+				}
+			} else if series != "" {
+				last = fmt.Sprintf("%s does not lead and exports %q", r.name, series)
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Errorf("kube_overcommit_node_raw_allocatable of %s not exported by the leader alone: %s", node, last)
+	}
 
 	for _, r := range replicas {
 		if l := strings.ToLower(r.log.String()); strings.Contains(l, "forbidden") || strings.Contains(l, " 403") {
@@ -281,6 +316,23 @@ func inflated(n *corev1.Node, raw string) bool {
 		return false
 	}
 	return n.Status.Allocatable.Cpu().MilliValue() == 2*q.MilliValue()
+}
+
+// get returns the body of a 200 answer.
+func get(c *http.Client, url string) (string, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return string(b), nil
 }
 
 func freeAddr(t *testing.T) string {
