@@ -1,9 +1,10 @@
 //! Leader only: `kube_overcommit_node_raw_allocatable{node, resource, unit}`, the kubelet's own
 //! allocatable of every inflated node, for the alert on requests above the real allocatable.
 //!
-//! Fed by a metadata-only watch of nodes (`PartialObjectMeta<Node>`: a node's metadata is a
-//! few KB, the whole object 20-60 KB), and nothing is kept of a node but the label sets it
-//! exports, so memory grows by well under a KB per node. A node's series go away when it is
+//! Fed by a metadata-only watch of nodes (`PartialObjectMeta<Node>`: a node's metadata is about
+//! 2 KB, the whole object 20-60 KB), and nothing is kept of a node but the label sets it
+//! exports. What memory the watch costs is mostly the peak of decoding one list page
+//! (`LIST_PAGE_SIZE`), not the number of nodes. A node's series go away when it is
 //! deleted, when it loses the annotation (policy deleted or ratio gone: it is no longer
 //! inflated) and when a relist no longer lists it. The leader supervision starts `run` with the
 //! leadership and, when leadership is lost, aborts it and calls `clear`, so exactly one replica
@@ -19,6 +20,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::metrics::{LeaderMetrics, NodeResourceLabels};
 use super::raw_allocatable::raw_allocatable;
+
+/// Nodes per page of the initial list and of every relist. A page is decoded whole, managedFields
+/// included, so it sets the peak memory of the watch; kube-runtime's default is 500.
+const LIST_PAGE_SIZE: u32 = 100;
 
 /// The exported series and what is needed to remove them again.
 struct Exporter {
@@ -135,7 +140,8 @@ impl Exporter {
 /// what is gone).
 pub async fn run(nodes: Api<PartialObjectMeta<Node>>, metrics: LeaderMetrics) {
     let mut exporter = Exporter::new(metrics);
-    let mut events = std::pin::pin!(watcher(nodes, watcher::Config::default()).default_backoff());
+    let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
+    let mut events = std::pin::pin!(watcher(nodes, config).default_backoff());
     tracing::info!("exporting the raw allocatable of inflated nodes");
     while let Some(event) = events.next().await {
         match event {
