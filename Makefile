@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 CARGO ?= cargo
 
-.PHONY: build release test test-unit test-e2e test-e2e-leader test-e2e-leader-long demo bench bench-smoke cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint
+.PHONY: build release test test-unit test-e2e test-e2e-leader test-e2e-leader-long demo bench bench-smoke cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint image-check
 
 build:
 	$(CARGO) build --locked
@@ -96,6 +96,11 @@ bench:
 
 bench-smoke:
 	python3 bench/bench.py smoke
+
+# The Dockerfile's promises without a container engine: a static musl build that serves a review
+# from an empty root directory as user 65532 (deploy/image-check.sh; needs root for chroot).
+image-check:
+	bash deploy/image-check.sh
 
 # The CRD under deploy/ is generated from the Rust type; a unit test fails when it is stale.
 crd:
