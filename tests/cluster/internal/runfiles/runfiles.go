@@ -118,7 +118,7 @@ func (d Dir) ReadPid(name string) (int, error) {
 // LongRunning are the subcommands that stay up; only these are ever killed by Processes' callers.
 var LongRunning = map[string]bool{
 	"supervise": true, "etcd": true, "apiserver": true, "scheduler": true,
-	"controller-manager": true, "fake-nodes": true, "secret-volume": true,
+	"controller-manager": true, "fake-nodes": true, "secret-volume": true, "pod-runner": true,
 }
 
 // Proc is a process of this run directory.
