@@ -80,7 +80,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.TokenTTL = time.Hour
 	}
 	if cfg.StopGrace <= 0 {
-		cfg.StopGrace = 10 * time.Second
+		cfg.StopGrace = 5 * time.Second
 	}
 	for _, d := range []string{cfg.Dir, cfg.LogDir, cfg.ServicesDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
