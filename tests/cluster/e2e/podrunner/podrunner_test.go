@@ -1,23 +1,29 @@
 // Package podrunner_test checks `kcp pod-runner` (internal/podrunner) on a real API server of
 // its own: graceful deletion honours preStop and the grace period, a force delete kills at
 // once, readiness drives the Ready condition and the Service's backends in the API server's
-// resolver, and a failing liveness probe restarts the container.
+// resolver, a failing liveness probe restarts the container, and env (downward API), volumes
+// (emptyDir, a Secret kept in sync) and the ServiceAccount token reach the process.
 package podrunner_test
 
 import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
 	"kube-overcommit/tests/cluster/harness"
@@ -255,5 +261,86 @@ func TestPodRunnerProbesAndBackends(t *testing.T) {
 	}
 	if err := c.WaitBackendsReady(ns, "web", 0, 5*time.Second); err != nil {
 		t.Error(err)
+	}
+}
+
+func TestPodRunnerVolumesEnvAndToken(t *testing.T) {
+	c := start(t)
+	ctx := harness.Context(t, 2*time.Minute)
+	// The container writes its environment into an emptyDir and waits; its Secret volume is
+	// optional and the Secret does not exist yet.
+	p := pod("env", "example/sh", []string{"-c", `echo "$POD_NAME $POD_NAMESPACE $NODE $POD_IP $CONF" > /out/env; exec sleep 600`}, func(p *corev1.Pod) {
+		ctr := &p.Spec.Containers[0]
+		field := func(path string) *corev1.EnvVarSource {
+			return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}
+		}
+		ctr.Env = []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: field("metadata.name")}, {Name: "POD_NAMESPACE", ValueFrom: field("metadata.namespace")},
+			{Name: "NODE", ValueFrom: field("spec.nodeName")}, {Name: "POD_IP", ValueFrom: field("status.podIP")}, {Name: "CONF", Value: "/etc/conf/key"}}
+		ctr.VolumeMounts = []corev1.VolumeMount{{Name: "out", MountPath: "/out"}, {Name: "conf", MountPath: "/etc/conf"}}
+		p.Spec.Volumes = []corev1.Volume{
+			{Name: "out", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			{Name: "conf", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "conf", Optional: ptr.To(true)}}},
+		}
+	})
+	create(t, c, p)
+	got := waitPod(t, c, "env", time.Minute, "ready", ready)
+	dir := filepath.Join(c.RunDir, "pods", "runner", fmt.Sprintf("%s_%s_%s", ns, got.Name, got.UID))
+	var env string
+	if err := harness.Eventually(10*time.Second, 100*time.Millisecond, func() error {
+		b, err := os.ReadFile(filepath.Join(dir, "volumes", "out", "env"))
+		env = strings.TrimSpace(string(b))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("env %s runner-0 127.0.0.1 %s", ns, filepath.Join(dir, "volumes", "conf", "key"))
+	if env != want {
+		t.Errorf("container environment %q, want %q", env, want)
+	}
+
+	// The Secret appears, then changes: the volume follows (AtomicWriter, ..data swapped).
+	key := filepath.Join(dir, "volumes", "conf", "key")
+	secrets := c.Client.CoreV1().Secrets(ns)
+	if _, err := secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "conf"}, Data: map[string][]byte{"key": []byte("one")}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"one", "two"} {
+		if v == "two" {
+			if _, err := secrets.Update(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "conf"}, Data: map[string][]byte{"key": []byte("two")}}, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := harness.Eventually(20*time.Second, 100*time.Millisecond, func() error {
+			b, err := os.ReadFile(key)
+			if err != nil || string(b) != v {
+				return fmt.Errorf("%s: %q, %v; want %q", key, b, err, v)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if target, err := os.Readlink(filepath.Join(dir, "volumes", "conf", "key")); err != nil || target != "..data/key" {
+		t.Errorf("key is not the kubelet's ..data symlink: %q, %v", target, err)
+	}
+
+	// The identity: a bound token of the ServiceAccount "default", in the kubeconfig it was given.
+	kc, err := clientcmd.LoadFromFile(filepath.Join(dir, "kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.NewDefaultClientConfig(*kc, nil).ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	review, err := kubernetes.NewForConfigOrDie(cfg).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := review.Status.UserInfo.Username; u != "system:serviceaccount:"+ns+":default" {
+		t.Errorf("the pod's kubeconfig authenticates as %q", u)
+	}
+	if pods := review.Status.UserInfo.Extra["authentication.kubernetes.io/pod-name"]; len(pods) != 1 || pods[0] != "env" {
+		t.Errorf("token not bound to the pod: extra %v", review.Status.UserInfo.Extra)
 	}
 }

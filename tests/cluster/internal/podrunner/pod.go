@@ -54,6 +54,7 @@ type podWorker struct {
 	registered  []Registration
 	tokenExpiry time.Time
 	prepErr     string
+	syncing     map[string]bool // secret volumes whose sync loop runs
 }
 
 // container is one container's process, restarted in place.
@@ -317,6 +318,9 @@ func (w *podWorker) setupVolumes(ctx context.Context, pod *corev1.Pod) (map[stri
 			if v.Secret.DefaultMode != nil {
 				mode = *v.Secret.DefaultMode
 			}
+			if w.syncing[v.Name] {
+				break // set up by an earlier try of a start that failed later
+			}
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return nil, err
 			}
@@ -331,7 +335,12 @@ func (w *podWorker) setupVolumes(ctx context.Context, pod *corev1.Pod) (map[stri
 					return nil, fmt.Errorf("volume %s: %w", v.Name, err)
 				}
 			}
-			// Kept in sync like the kubelet does, SecretDelay after each change.
+			// Kept in sync like the kubelet does, SecretDelay after each change; one writer per
+			// volume.
+			if w.syncing == nil {
+				w.syncing = map[string]bool{}
+			}
+			w.syncing[v.Name] = true
 			go func() {
 				err := secretvolume.Run(ctx, secretvolume.Config{Client: w.r.cfg.Client, Namespace: pod.Namespace,
 					Name: v.Secret.SecretName, Dir: dir, Delay: w.r.cfg.SecretDelay, Mode: mode})
