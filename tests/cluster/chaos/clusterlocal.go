@@ -160,6 +160,15 @@ func clusterLocalRun(o clusterLocalOptions) (code int, broken []string, err erro
 	default:
 		return 0, nil, fmt.Errorf("chaos cluster: %w", err)
 	}
+	// The replicas ran with the ServiceAccount's token: anything deploy/'s RBAC or its webhook
+	// guard refused shows in their logs.
+	logs, _ := filepath.Glob(filepath.Join(c.RunDir, "logs", "pod-kube-overcommit-*.log"))
+	for _, l := range logs {
+		if n, sample := scanNew(l, map[string]int64{}, func(line string) bool { return strings.Contains(line, "forbidden") }); n > 0 {
+			broken = append(broken, fmt.Sprintf("%s: %d line(s) naming an authorization refusal, e.g. %s", filepath.Base(l), n, sample))
+		}
+	}
+	progress("%d replica logs read for authorization refusals", len(logs))
 	progress("chaos cluster-local took %.0fs in all", time.Since(start).Seconds())
 	return code, broken, nil
 }
