@@ -33,6 +33,7 @@ type clusterLocalOptions struct {
 	propagation, leaseTTL     time.Duration
 	leaseRenew, readyTimeout  time.Duration
 	killPhase, killInterval   time.Duration
+	timeout                   time.Duration
 	chaosArgs                 []string
 	deployDir, kubeOvercommit string
 }
@@ -57,6 +58,7 @@ func runClusterLocal(args []string) int {
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 3*time.Minute, "how long the installation may take to have every replica ready")
 	fs.DurationVar(&o.killPhase, "kill-phase", 30*time.Second, "chaos cluster --kill-phase")
 	fs.DurationVar(&o.killInterval, "kill-interval", 6*time.Second, "chaos cluster --kill-interval")
+	fs.DurationVar(&o.timeout, "timeout", 40*time.Minute, "bound on the whole run (raise it with --chaos-arg=--duration=...)")
 	fs.StringArrayVar(&o.chaosArgs, "chaos-arg", nil, "more `chaos cluster` flags (repeatable), e.g. --chaos-arg=--duration=20m")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -77,7 +79,7 @@ func runClusterLocal(args []string) int {
 }
 
 func clusterLocalRun(o clusterLocalOptions) (code int, broken []string, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stopSignals()

@@ -10,6 +10,7 @@
 //	<run>/hold/<name>       while present, the supervisor does not restart <name>
 //	<run>/services/<ns>/<svc>  webhook backend registry (package services)
 //	<run>/stats/<prefix>.json  fake-node status-write statistics
+//	<run>/pods/<prefix>/...    pod-runner pods' directories (package podrunner)
 package runfiles
 
 import (
