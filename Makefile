@@ -19,7 +19,8 @@ release:
 #   test-e2e    on the real control plane of tests/cluster (each suite starts its own and stops it):
 #               CRD checks, issue 2-4 end-to-end tests (go test ./... in tests/cluster: control
 #               plane, webhook inflation and scheduling, leader/rotation, local installation),
-#               install manifests (deploy/, Helm), a short chaos run, the benchmark smoke check
+#               install manifests (deploy/, Helm), a short chaos run (local, and `chaos cluster`
+#               against deploy/ installed as pods), the benchmark smoke check
 test: test-unit test-e2e
 	@echo "make test: all suites passed"
 
@@ -31,6 +32,7 @@ test-e2e: release cluster-build
 	$(MAKE) cluster-test
 	$(MAKE) test-deploy
 	$(MAKE) chaos
+	$(MAKE) chaos-cluster-local
 	$(MAKE) bench-smoke
 
 # Local control plane (tests/cluster): etcd, kube-apiserver, scheduler, controller-manager, fake nodes.
@@ -70,6 +72,13 @@ chaos: release cluster-build
 
 chaos-long: release cluster-build
 	chaos/chaos.sh local --duration $(CHAOS_DURATION) --apiserver-signal alternate $(CHAOS_ARGS)
+
+# `chaos cluster` (pod deletions through kubectl) end to end on this machine: deploy/ installed on
+# the local control plane, whose kubelets (kcp pod-runner) run its pods as processes (~2.5 min).
+CHAOS_CLUSTER_ARGS ?=
+.PHONY: chaos-cluster-local
+chaos-cluster-local: release cluster-build
+	chaos/chaos.sh cluster-local $(CHAOS_CLUSTER_ARGS)
 
 # Issue 4: leader election, certificate authority, rotation, webhook-configuration upkeep, on the
 # local control plane with 3 replicas as processes. Short run (5 leaf + 1 CA rotations, failover
