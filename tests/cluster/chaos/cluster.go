@@ -323,7 +323,19 @@ func (p *podTarget) Stop(ctx context.Context, pod string, force bool) error {
 	return nil
 }
 
-func (p *podTarget) Leader(ctx context.Context) string { return leaseHolder(ctx, p.client, p.n) }
+// Leader is the Lease holder while its pod lives: after a forced deletion the Lease still names
+// the deleted pod until it expires, and that pod cannot be killed again.
+func (p *podTarget) Leader(ctx context.Context) string {
+	holder := leaseHolder(ctx, p.client, p.n)
+	if holder == "" {
+		return ""
+	}
+	pod, err := p.client.CoreV1().Pods(p.n.Namespace).Get(ctx, holder, metav1.GetOptions{})
+	if err != nil || pod.DeletionTimestamp != nil {
+		return ""
+	}
+	return holder
+}
 
 // Rotate sets the same annotation `kube-overcommit rotate` sets (the binary need not be on
 // the machine running the chaos).
