@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 CARGO ?= cargo
 
-.PHONY: build release test test-unit test-e2e test-e2e-leader test-e2e-leader-long demo bench bench-smoke cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint
+.PHONY: build release test test-unit test-e2e test-e2e-leader test-e2e-leader-long demo bench bench-smoke cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint image-check
 
 build:
 	$(CARGO) build --locked
@@ -19,7 +19,8 @@ release:
 #   test-e2e    on the real control plane of tests/cluster (each suite starts its own and stops it):
 #               CRD checks, issue 2-4 end-to-end tests (go test ./... in tests/cluster: control
 #               plane, webhook inflation and scheduling, leader/rotation, local installation),
-#               install manifests (deploy/, Helm), a short chaos run, the benchmark smoke check
+#               install manifests (deploy/, Helm), a short chaos run (local, and `chaos cluster`
+#               against deploy/ installed as pods), the benchmark smoke check
 test: test-unit test-e2e
 	@echo "make test: all suites passed"
 
@@ -31,6 +32,7 @@ test-e2e: release cluster-build
 	$(MAKE) cluster-test
 	$(MAKE) test-deploy
 	$(MAKE) chaos
+	$(MAKE) chaos-cluster-local
 	$(MAKE) bench-smoke
 
 # Local control plane (tests/cluster): etcd, kube-apiserver, scheduler, controller-manager, fake nodes.
@@ -71,6 +73,13 @@ chaos: release cluster-build
 chaos-long: release cluster-build
 	chaos/chaos.sh local --duration $(CHAOS_DURATION) --apiserver-signal alternate $(CHAOS_ARGS)
 
+# `chaos cluster` (pod deletions through kubectl) end to end on this machine: deploy/ installed on
+# the local control plane, whose kubelets (kcp pod-runner) run its pods as processes (~2.5 min).
+CHAOS_CLUSTER_ARGS ?=
+.PHONY: chaos-cluster-local
+chaos-cluster-local: release cluster-build
+	chaos/chaos.sh cluster-local $(CHAOS_CLUSTER_ARGS)
+
 # Issue 4: leader election, certificate authority, rotation, webhook-configuration upkeep, on the
 # local control plane with 3 replicas as processes. Short run (5 leaf + 1 CA rotations, failover
 # in each CA rotation phase, repair of hand edits) and the long one (20 leaf + 3 CA rotations).
@@ -96,6 +105,11 @@ bench:
 
 bench-smoke:
 	python3 bench/bench.py smoke
+
+# The Dockerfile's promises without a container engine: a static musl build that serves a review
+# from an empty root directory as user 65532 (deploy/image-check.sh; needs root for chroot).
+image-check:
+	bash deploy/image-check.sh
 
 # The CRD under deploy/ is generated from the Rust type; a unit test fails when it is stale.
 crd:

@@ -34,6 +34,7 @@ import (
 
 type clusterOptions struct {
 	kubeconfig, context, namespace, selector, kubectl string
+	apiserverLog, replicaLogs                         string
 	confirm                                           bool
 	duration, killPhase, killInterval                 time.Duration
 	nodes, replicas, webhookTimeout                   int
@@ -60,6 +61,8 @@ func runCluster(args []string) int {
 	fs.IntVar(&o.webhookTimeout, "webhook-timeout", 2, "webhook timeoutSeconds (writes slower than this are counted)")
 	fs.DurationVar(&o.statusEvery, "status-update-frequency", 2*time.Second, "fake nodes' status update frequency")
 	fs.StringSliceVar(&o.skip, "skip", nil, "phases to leave out: graceful,forced,rotation,deletions")
+	fs.StringVar(&o.apiserverLog, "apiserver-log", "", "API server log file(s) (glob) to count x509 errors of webhook calls in, where it can be read (e.g. a kubeadm or kind node); without it x509 errors are seen only in the writes' errors, which failurePolicy Ignore hides")
+	fs.StringVar(&o.replicaLogs, "replica-logs", "", "replica log files (glob, e.g. collected by `kubectl logs -f`) to count TLS handshakes the API server aborted in (needs RUST_LOG=info,kube_overcommit::server=debug)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -75,20 +78,14 @@ func runCluster(args []string) int {
 		fmt.Fprintln(os.Stderr, "chaos cluster: --replicas must be at least 3")
 		return 2
 	}
+	// Checked before anything is created: a missing kubectl would otherwise show only at the
+	// first pod deletion, after the fake nodes, the policy and the baseline.
+	if _, err := exec.LookPath(o.kubectl); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos cluster: --kubectl %s: %v\n", o.kubectl, err)
+		return 2
+	}
 	broken, err := clusterRun(o)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "chaos cluster: %v\n", err)
-		return 1
-	}
-	if len(broken) > 0 {
-		fmt.Println("\nINVARIANTS BROKEN:")
-		for _, b := range broken {
-			fmt.Println("  - " + b)
-		}
-		return 1
-	}
-	fmt.Println("\nall invariants held")
-	return 0
+	return verdict("cluster", broken, err)
 }
 
 var policyGVR = schema.GroupVersionResource{Group: "overcommit.dev", Version: "v1alpha1", Resource: "overcommitpolicies"}
@@ -122,7 +119,14 @@ func clusterRun(o clusterOptions) (broken []string, err error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() {
+		// The fake nodes' log and statistics are in tmp: kept when the run failed.
+		if err == nil && len(broken) == 0 {
+			_ = os.RemoveAll(tmp)
+		} else {
+			progress("fake-node logs and statistics kept in %s", tmp)
+		}
+	}()
 	flat := filepath.Join(tmp, "kubeconfig")
 	if err := clientcmd.WriteToFile(*raw, flat); err != nil {
 		return nil, err
@@ -200,7 +204,18 @@ func clusterRun(o clusterOptions) (broken []string, err error) {
 
 	obsCtx, stopObservers := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(6)
+	glob := func(pattern string) func() []string {
+		return func() []string {
+			if pattern == "" {
+				return nil
+			}
+			l, _ := filepath.Glob(pattern)
+			return l
+		}
+	}
+	go tailLogs(obsCtx, &wg, t, glob(o.apiserverLog), x509InAPIServerLog, func(p *Phase, k int64) { p.X509APIServer += k }, "x509 in the API server log")
+	go tailLogs(obsCtx, &wg, t, glob(o.replicaLogs), x509InReplicaLog, func(p *Phase, k int64) { p.X509Replica += k }, "TLS alert in a replica log")
 	go pollFakeNodeStats(obsCtx, &wg, t, fakeNodes.StatsFile)
 	go watchNodes(obsCtx, &wg, t, client, func(name string) bool { return strings.HasPrefix(name, prefix+"-") }, resource.MustParse("7"))
 	go scrapeAPIServerMetrics(obsCtx, &wg, t, client, webhookNameSuffix)
@@ -208,7 +223,15 @@ func clusterRun(o clusterOptions) (broken []string, err error) {
 		[]corev1.Toleration{{Key: taint.Key, Operator: corev1.TolerationOpEqual, Value: suffix, Effect: corev1.TaintEffectNoSchedule}})
 	stopLoad := func() { stopObservers(); wg.Wait() }
 	defer stopLoad()
-	t.Note("x509 errors on a real cluster: from the API server's metrics, logs are not read (look at `kubectl logs` of the API server)")
+	if o.apiserverLog != "" || o.replicaLogs != "" {
+		progress("x509 evidence read from %d API server log(s) (%q) and %d replica log(s) (%q, re-listed every second)",
+			len(glob(o.apiserverLog)()), o.apiserverLog, len(glob(o.replicaLogs)()), o.replicaLogs)
+	}
+	if o.apiserverLog == "" {
+		// The API server's metrics do not tell an x509 failure from any other failed call (both
+		// are fail-open counts), and with failurePolicy Ignore the writes never see it.
+		t.Note("x509 errors: no --apiserver-log, so only errors of the writes themselves are counted, and failurePolicy Ignore hides x509 errors from them; TLS failures show as fail-open")
+	}
 
 	sc := &scenario{t: t, tg: tg, client: client, n: n, settle: 5 * time.Minute, rotationTimeout: 10 * time.Minute}
 	skip := map[string]bool{}
@@ -300,7 +323,19 @@ func (p *podTarget) Stop(ctx context.Context, pod string, force bool) error {
 	return nil
 }
 
-func (p *podTarget) Leader(ctx context.Context) string { return leaseHolder(ctx, p.client, p.n) }
+// Leader is the Lease holder while its pod lives: after a forced deletion the Lease still names
+// the deleted pod until it expires, and that pod cannot be killed again.
+func (p *podTarget) Leader(ctx context.Context) string {
+	holder := leaseHolder(ctx, p.client, p.n)
+	if holder == "" {
+		return ""
+	}
+	pod, err := p.client.CoreV1().Pods(p.n.Namespace).Get(ctx, holder, metav1.GetOptions{})
+	if err != nil || pod.DeletionTimestamp != nil {
+		return ""
+	}
+	return holder
+}
 
 // Rotate sets the same annotation `kube-overcommit rotate` sets (the binary need not be on
 // the machine running the chaos).

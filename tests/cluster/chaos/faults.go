@@ -126,20 +126,21 @@ func (s *scenario) killLeader(ctx context.Context, force bool, when string) {
 	s.t.Fault("leader-"+s.tg.FaultKind(force), fmt.Sprintf("%s %s", leader, when))
 }
 
-// leafRotation forces a leaf rotation and kills the leader right after the request: the next
-// leader must carry it out.
+// leafRotation kills the leader and requests a leaf rotation right after, while the Lease still
+// names the dead leader: the next leader must carry it out. (A leaf rotation is one Secret
+// write: a leader killed after the request, through kubectl, has usually done it already.)
 func (s *scenario) leafRotation(ctx context.Context) {
 	old, _, err := s.secret(ctx, s.n.ServingSecret)
 	if err != nil {
 		s.t.Error("read serving secret: %v", err)
 		return
 	}
+	s.killLeader(ctx, true, "before a leaf rotation request")
 	if err := s.tg.Rotate(ctx, false); err != nil {
 		s.t.Error("request leaf rotation: %v", err)
 		return
 	}
-	s.t.Fault("rotate-leaf", "requested")
-	s.killLeader(ctx, true, "during leaf rotation")
+	s.t.Fault("rotate-leaf", "requested while the Lease names the killed leader")
 	err = waitFor(ctx, s.rotationTimeout, 250*time.Millisecond, "new leaf in the serving secret", func() error {
 		cur, ann, err := s.secret(ctx, s.n.ServingSecret)
 		if err != nil {

@@ -86,19 +86,7 @@ func runLocal(args []string) int {
 		return 2
 	}
 	broken, err := localRun(o)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "chaos local: %v\n", err)
-		return 1
-	}
-	if len(broken) > 0 {
-		fmt.Println("\nINVARIANTS BROKEN:")
-		for _, b := range broken {
-			fmt.Println("  - " + b)
-		}
-		return 1
-	}
-	fmt.Println("\nall invariants held")
-	return 0
+	return verdict("local", broken, err)
 }
 
 const policyYAML = `apiVersion: overcommit.dev/v1alpha1
@@ -126,34 +114,12 @@ func localRun(o localOptions) (broken []string, err error) {
 	defer stopSignals()
 
 	t := newTally()
-	removeRun := false
-	if o.runDir == "" {
-		if o.runDir, err = os.MkdirTemp("", "kcp-chaos-"); err != nil {
-			return nil, err
-		}
-		removeRun = true
-	}
-	progress("starting the local control plane in %s", o.runDir)
-	c, err := harness.New(harness.Options{Nodes: 0, RunDir: o.runDir})
+	c, stopControlPlane, err := startControlPlane(o.runDir)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		progress("stopping the control plane")
-		if serr := c.Stop(); serr != nil {
-			broken = append(broken, "cleanup: "+serr.Error())
-		}
-		if left := leftovers(o.runDir); left != "" {
-			broken = append(broken, "processes left behind: "+left)
-		} else {
-			progress("no process left (pgrep -f %s finds nothing)", o.runDir)
-		}
-		if removeRun && len(broken) == 0 && err == nil {
-			_ = os.RemoveAll(o.runDir)
-		} else {
-			progress("logs kept in %s/logs", o.runDir)
-		}
-	}()
+	defer func() { broken = append(broken, stopControlPlane(len(broken) > 0 || err != nil)...) }()
+	o.runDir = c.RunDir
 
 	n := defaultNames("kube-overcommit")
 	client := c.Client
@@ -510,6 +476,40 @@ func (l *localTarget) FaultKind(force bool) string {
 		return "sigkill"
 	}
 	return "sigterm"
+}
+
+// startControlPlane starts the local control plane of tests/cluster in runDir (a new temporary
+// directory when empty). stop stops it, reports any process left behind, and removes a
+// temporary run directory unless the run failed (its logs are then kept).
+func startControlPlane(runDir string) (c *harness.Cluster, stop func(failed bool) (broken []string), err error) {
+	removeRun := false
+	if runDir == "" {
+		if runDir, err = os.MkdirTemp("", "kcp-chaos-"); err != nil {
+			return nil, nil, err
+		}
+		removeRun = true
+	}
+	progress("starting the local control plane in %s", runDir)
+	if c, err = harness.New(harness.Options{Nodes: 0, RunDir: runDir}); err != nil {
+		return nil, nil, err
+	}
+	return c, func(failed bool) (broken []string) {
+		progress("stopping the control plane")
+		if serr := c.Stop(); serr != nil {
+			broken = append(broken, "cleanup: "+serr.Error())
+		}
+		if left := leftovers(runDir); left != "" {
+			broken = append(broken, "processes left behind: "+left)
+		} else {
+			progress("no process left (pgrep -f %s finds nothing)", runDir)
+		}
+		if removeRun && !failed && len(broken) == 0 {
+			_ = os.RemoveAll(runDir)
+		} else {
+			progress("logs kept in %s/logs", runDir)
+		}
+		return broken
+	}, nil
 }
 
 // leftovers lists processes whose command line names the run directory (pgrep -f).

@@ -8,6 +8,8 @@
 //	chaos cluster [flags]   a real cluster with kube-overcommit installed (deploy/): faults are pod
 //	                        deletions (graceful and forced) through kubectl and Secret /
 //	                        configuration deletions; needs --kubeconfig, --context and --confirm
+//	chaos cluster-local     chaos cluster against the local control plane, whose `kcp pod-runner`
+//	                        kubelets run deploy/'s pods as processes of the release binary
 //
 // Each run ends with a table per phase (faults, status writes, failures, slow writes, mutated
 // and not mutated writes, fail-open reviews, x509 errors, pods) and exits 1 when an invariant
@@ -24,6 +26,9 @@ const usage = `chaos: fault injection for kube-overcommit with invariant checks.
 Usage:
   chaos local   [flags]   local control plane (tests/cluster), replicas as processes
   chaos cluster [flags]   a real cluster through kubectl (destructive: needs --confirm)
+  chaos cluster-local [flags]
+                          chaos cluster end to end on this machine: the local control plane
+                          with kcp pod-runner as kubelets and deploy/ installed as pods
 
 Run "chaos local --help" or "chaos cluster --help" for the flags.
 `
@@ -39,6 +44,8 @@ func main() {
 		code = runLocal(os.Args[2:])
 	case "cluster":
 		code = runCluster(os.Args[2:])
+	case "cluster-local":
+		code = runClusterLocal(os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -46,4 +53,22 @@ func main() {
 		code = 2
 	}
 	os.Exit(code)
+}
+
+// verdict prints the end of a run and returns its exit status: 1 when the run could not be
+// done (err) or an invariant broke, 0 when every invariant held.
+func verdict(mode string, broken []string, err error) int {
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos %s: %v\n", mode, err)
+		return 1
+	}
+	if len(broken) > 0 {
+		fmt.Println("\nINVARIANTS BROKEN:")
+		for _, b := range broken {
+			fmt.Println("  - " + b)
+		}
+		return 1
+	}
+	fmt.Println("\nall invariants held")
+	return 0
 }

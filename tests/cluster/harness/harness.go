@@ -298,7 +298,7 @@ type FakeNodesOptions struct {
 	Args []string
 }
 
-// FakeNodes is a running `kcp fake-nodes` process.
+// FakeNodes is a running `kcp fake-nodes` (or `kcp pod-runner`) process.
 type FakeNodes struct {
 	Prefix    string
 	Names     []string
@@ -310,6 +310,40 @@ type FakeNodes struct {
 // StartFakeNodes runs a fake-nodes process (a child of the test, killed if the test dies,
 // stopped by Stop or by kcp down). Use t.Cleanup(func(){ f.Stop() }) when needed earlier.
 func (c *Cluster) StartFakeNodes(opts FakeNodesOptions) (*FakeNodes, error) {
+	return c.startNodes("fake-nodes", opts)
+}
+
+// PodRunnerOptions configures StartPodRunner.
+type PodRunnerOptions struct {
+	// Prefix names the nodes <prefix>-<i> (default "runner"); Count of nodes (default 1).
+	Prefix string
+	Count  int
+	// Selector picks the pods run as processes (default: app.kubernetes.io/name=kube-overcommit).
+	Selector string
+	// Images are PATTERN=BINARY rules (default: *kube-overcommit* = $KUBE_OVERCOMMIT_BIN).
+	Images []string
+	// Args are more `kcp pod-runner` flags: fake-node flags, "--secret-delay=2s", ...
+	Args []string
+}
+
+// StartPodRunner runs `kcp pod-runner`: fake nodes whose matching pods run as local processes
+// (a child of the caller; its processes die with it). Logs: <run>/logs/pod-runner-<prefix>.log
+// and one <run>/logs/pod-<namespace>-<name>.log per pod.
+func (c *Cluster) StartPodRunner(opts PodRunnerOptions) (*FakeNodes, error) {
+	if opts.Prefix == "" {
+		opts.Prefix = "runner"
+	}
+	args := append([]string{}, opts.Args...)
+	if opts.Selector != "" {
+		args = append(args, "--selector="+opts.Selector)
+	}
+	for _, im := range opts.Images {
+		args = append(args, "--image="+im)
+	}
+	return c.startNodes("pod-runner", FakeNodesOptions{Prefix: opts.Prefix, Count: opts.Count, Args: args})
+}
+
+func (c *Cluster) startNodes(subcommand string, opts FakeNodesOptions) (*FakeNodes, error) {
 	if opts.Prefix == "" {
 		return nil, errors.New("FakeNodesOptions.Prefix is required")
 	}
@@ -322,9 +356,9 @@ func (c *Cluster) StartFakeNodes(opts FakeNodesOptions) (*FakeNodes, error) {
 		f.Names = append(f.Names, fakenode.NodeName(opts.Prefix, i))
 	}
 	_ = os.Remove(f.StatsFile)
-	args := append([]string{"fake-nodes", "--run-dir=" + c.RunDir, "--kubeconfig=" + c.Kubeconfig,
+	args := append([]string{subcommand, "--run-dir=" + c.RunDir, "--kubeconfig=" + c.Kubeconfig,
 		"--prefix=" + opts.Prefix, fmt.Sprintf("--count=%d", opts.Count)}, opts.Args...)
-	cmd, err := c.startChild(filepath.Join(c.RunDir, "logs", "fake-nodes-"+opts.Prefix+".log"), args)
+	cmd, err := c.startChild(filepath.Join(c.RunDir, "logs", subcommand+"-"+opts.Prefix+".log"), args)
 	if err != nil {
 		return nil, err
 	}

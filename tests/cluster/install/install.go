@@ -28,7 +28,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,6 +38,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kube-overcommit/tests/cluster/harness"
+	"kube-overcommit/tests/cluster/internal/spawn"
 )
 
 // Defaults match the binary's own flag defaults and deploy/.
@@ -596,7 +596,7 @@ func (r *Replica) Start() error {
 	// Own process group: a Ctrl-C in the terminal reaches the Go process, which stops the
 	// replicas in order, not the replicas directly.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := startOnLockedThread(cmd); err != nil {
+	if err := spawn.Start(cmd); err != nil {
 		return fmt.Errorf("start %s: %w", in.Binary, err)
 	}
 	r.cmd, r.done, r.held = cmd, make(chan struct{}), false
@@ -713,30 +713,3 @@ func (r *Replica) Restart(sig syscall.Signal) error {
 	}
 	return r.Start()
 }
-
-// startOnLockedThread starts cmd from one OS thread that never exits: Pdeathsig is tied to
-// the thread that forked the child, and the Go runtime may end other threads at any time.
-func startOnLockedThread(cmd *exec.Cmd) error {
-	forkOnce.Do(func() {
-		forkRequests = make(chan forkRequest)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
-			for req := range forkRequests {
-				req.result <- req.cmd.Start()
-			}
-		}()
-	})
-	res := make(chan error, 1)
-	forkRequests <- forkRequest{cmd: cmd, result: res}
-	return <-res
-}
-
-type forkRequest struct {
-	cmd    *exec.Cmd
-	result chan error
-}
-
-var (
-	forkOnce     sync.Once
-	forkRequests chan forkRequest
-)

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -13,11 +14,15 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"kube-overcommit/tests/cluster/internal/components"
 	"kube-overcommit/tests/cluster/internal/fakenode"
+	"kube-overcommit/tests/cluster/internal/podrunner"
 	"kube-overcommit/tests/cluster/internal/runfiles"
 	"kube-overcommit/tests/cluster/internal/secretvolume"
 	"kube-overcommit/tests/cluster/internal/services"
@@ -40,6 +45,7 @@ Usage: kcp <command> [flags]      (run dir: --run-dir, else $KCP_RUN_DIR, else $
   backend add|remove|list --namespace NS --service SVC [--port P] [--addr HOST:PORT] [--ready-url URL]
                     webhook backends of a Service (the API server's service resolver)
   fake-nodes [flags]        run fake kubelets (see kcp fake-nodes --help)
+  pod-runner [flags]        fake kubelets that run matching pods as local processes
   secret-volume [flags]     mirror a Secret into a directory like the kubelet
   kubectl [args]            kubectl (KUBECONFIG defaults to <run dir>/kubeconfig)
   etcd | apiserver | scheduler | controller-manager  [upstream flags]   one component
@@ -85,6 +91,7 @@ var commands = map[string]func([]string) error{
 	"restart":       cmdRestart,
 	"etcd":          cmdEtcd,
 	"fake-nodes":    cmdFakeNodes,
+	"pod-runner":    cmdPodRunner,
 	"secret-volume": cmdSecretVolume,
 	"backend":       cmdBackend,
 }
@@ -205,13 +212,21 @@ func cmdEtcd(args []string) error {
 	return components.Etcd(*dataDir, *clientPort, *peerPort)
 }
 
-func clientFor(kubeconfig string, run runfiles.Dir, qps float32) (*kubernetes.Clientset, error) {
+func restConfigFor(kubeconfig string, run runfiles.Dir) (*rest.Config, error) {
 	if kubeconfig == "" {
 		kubeconfig = run.Kubeconfig()
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+	}
+	return cfg, nil
+}
+
+func clientFor(kubeconfig string, run runfiles.Dir, qps float32) (*kubernetes.Clientset, error) {
+	cfg, err := restConfigFor(kubeconfig, run)
+	if err != nil {
+		return nil, err
 	}
 	cfg.QPS, cfg.Burst = qps, int(qps*2)
 	cfg.UserAgent = "kcp-fake-kubelet"
@@ -222,11 +237,12 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 }
 
-func cmdFakeNodes(args []string) error {
-	fs, runDir := newFlags("fake-nodes")
+// fakeNodeFlags adds the fake kubelet flags (shared by fake-nodes and pod-runner) to fs; the
+// returned function builds the configuration once fs is parsed.
+func fakeNodeFlags(fs *pflag.FlagSet, defaultPrefix string) func(run runfiles.Dir) (fakenode.Config, error) {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig (default <run dir>/kubeconfig)")
 	count := fs.Int("count", 1, "number of nodes")
-	prefix := fs.String("prefix", "fake-node", "node name prefix; nodes are <prefix>-<index>")
+	prefix := fs.String("prefix", defaultPrefix, "node name prefix; nodes are <prefix>-<index>")
 	startIndex := fs.Int("start-index", 0, "index of the first node")
 	cpu := fs.String("cpu", "8", "capacity cpu")
 	memory := fs.String("memory", "32Gi", "capacity memory")
@@ -248,44 +264,123 @@ func cmdFakeNodes(args []string) error {
 	runPods := fs.Bool("run-pods", true, "mark pods bound to these nodes Running/Ready and finish their deletion")
 	deleteOnExit := fs.Bool("delete-on-exit", false, "delete the Node and Lease objects on exit")
 	qps := fs.Float32("qps", 500, "client QPS limit (shared by all nodes of this process)")
+	return func(run runfiles.Dir) (fakenode.Config, error) {
+		if *count < 0 || *update <= 0 || *report <= 0 || *lease < 4*time.Second {
+			return fakenode.Config{}, fmt.Errorf("bad --count/--status-update-frequency/--status-report-frequency/--lease-duration")
+		}
+		capacity, err := fakenode.ParseResources(map[string]string{"cpu": *cpu, "memory": *memory, "pods": *pods, "ephemeral-storage": *eph})
+		if err != nil {
+			return fakenode.Config{}, err
+		}
+		alloc, err := fakenode.ParseResources(map[string]string{"cpu": *aCPU, "memory": *aMemory, "pods": *aPods, "ephemeral-storage": *aEph})
+		if err != nil {
+			return fakenode.Config{}, err
+		}
+		for k, v := range capacity {
+			if _, ok := alloc[k]; !ok {
+				alloc[k] = v
+			}
+		}
+		client, err := clientFor(*kubeconfig, run, *qps)
+		if err != nil {
+			return fakenode.Config{}, err
+		}
+		if *statsFile == "" {
+			*statsFile = run.Stats(*prefix)
+		}
+		return fakenode.Config{
+			Client: client, Prefix: *prefix, Count: *count, StartIndex: *startIndex,
+			Shape:        fakenode.Shape{Capacity: capacity, Allocatable: alloc, Labels: *labels, Images: *images},
+			StatusUpdate: *update, StatusReport: *report, LeaseDuration: *lease, SlowThreshold: *slow,
+			MutatedAnno: *anno, StatsFile: *statsFile, StatsAddr: *statsAddr, RunPods: *runPods, DeleteOnExit: *deleteOnExit,
+		}, nil
+	}
+}
+
+func cmdFakeNodes(args []string) error {
+	fs, runDir := newFlags("fake-nodes")
+	config := fakeNodeFlags(fs, "fake-node")
 	if err := fs.Parse(args); err != nil {
 		return err
-	}
-	if *count < 0 || *update <= 0 || *report <= 0 || *lease < 4*time.Second {
-		return fmt.Errorf("bad --count/--status-update-frequency/--status-report-frequency/--lease-duration")
 	}
 	run, err := runfiles.Resolve(*runDir)
 	if err != nil {
 		return err
 	}
-	capacity, err := fakenode.ParseResources(map[string]string{"cpu": *cpu, "memory": *memory, "pods": *pods, "ephemeral-storage": *eph})
+	cfg, err := config(run)
 	if err != nil {
 		return err
-	}
-	alloc, err := fakenode.ParseResources(map[string]string{"cpu": *aCPU, "memory": *aMemory, "pods": *aPods, "ephemeral-storage": *aEph})
-	if err != nil {
-		return err
-	}
-	for k, v := range capacity {
-		if _, ok := alloc[k]; !ok {
-			alloc[k] = v
-		}
-	}
-	client, err := clientFor(*kubeconfig, run, *qps)
-	if err != nil {
-		return err
-	}
-	if *statsFile == "" {
-		*statsFile = run.Stats(*prefix)
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	return fakenode.Run(ctx, fakenode.Config{
-		Client: client, Prefix: *prefix, Count: *count, StartIndex: *startIndex,
-		Shape:        fakenode.Shape{Capacity: capacity, Allocatable: alloc, Labels: *labels, Images: *images},
-		StatusUpdate: *update, StatusReport: *report, LeaseDuration: *lease, SlowThreshold: *slow,
-		MutatedAnno: *anno, StatsFile: *statsFile, StatsAddr: *statsAddr, RunPods: *runPods, DeleteOnExit: *deleteOnExit,
-	})
+	return fakenode.Run(ctx, cfg)
+}
+
+// cmdPodRunner runs fake kubelets whose pods matching --selector run as local processes
+// (package podrunner); their other pods are marked Running as by fake-nodes.
+func cmdPodRunner(args []string) error {
+	fs, runDir := newFlags("pod-runner")
+	config := fakeNodeFlags(fs, "runner")
+	selector := fs.String("selector", "app.kubernetes.io/name=kube-overcommit", "label selector of the pods run as processes")
+	images := fs.StringArray("image", nil, "PATTERN=BINARY: run containers whose image matches PATTERN (* = anything) as BINARY (repeatable; default '*kube-overcommit*=$KUBE_OVERCOMMIT_BIN' when that is set)")
+	secretDelay := fs.Duration("secret-delay", 5*time.Second, "how long a Secret change takes to reach the volumes (the kubelet's sync period)")
+	backoff := fs.Duration("restart-backoff", time.Second, "first delay before a container restart, doubled up to --max-restart-backoff")
+	maxBackoff := fs.Duration("max-restart-backoff", 30*time.Second, "longest delay before a container restart")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	run, err := runfiles.Resolve(*runDir)
+	if err != nil {
+		return err
+	}
+	cfg, err := config(run)
+	if err != nil {
+		return err
+	}
+	sel, err := labels.Parse(*selector)
+	if err != nil {
+		return fmt.Errorf("--selector: %w", err)
+	}
+	if len(*images) == 0 && os.Getenv("KUBE_OVERCOMMIT_BIN") != "" {
+		*images = []string{"*kube-overcommit*=" + os.Getenv("KUBE_OVERCOMMIT_BIN")}
+	}
+	if len(*images) == 0 {
+		return fmt.Errorf("no --image PATTERN=BINARY rule (and KUBE_OVERCOMMIT_BIN is not set)")
+	}
+	var rules []podrunner.ImageRule
+	for _, s := range *images {
+		r, err := podrunner.ParseImageRule(s)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(r.Binary); err != nil {
+			return fmt.Errorf("--image %s: %w", s, err)
+		}
+		rules = append(rules, r)
+	}
+	restCfg, err := restConfigFor(fs.Lookup("kubeconfig").Value.String(), run)
+	if err != nil {
+		return err
+	}
+	nodes := map[string]bool{}
+	for i := 0; i < cfg.Count; i++ {
+		nodes[fakenode.NodeName(cfg.Prefix, cfg.StartIndex+i)] = true
+	}
+	pr := podrunner.Config{
+		Client: cfg.Client, RestConfig: restCfg, Nodes: nodes, Selector: sel, Images: rules,
+		Dir: run.Path("pods", cfg.Prefix), LogDir: run.Path("logs"), ServicesDir: run.Services(),
+		SecretDelay: *secretDelay, RestartBackoff: *backoff, MaxRestartBackoff: *maxBackoff,
+	}
+	// The fake kubelet marks the other pods of these nodes Running, as fake-nodes does.
+	cfg.PodFilter = func(p *corev1.Pod) bool { return !pr.Mine(p) }
+	ctx, stop := signalContext()
+	defer stop()
+	errs := make(chan error, 2)
+	go func() { errs <- fakenode.Run(ctx, cfg) }()
+	go func() { errs <- podrunner.Run(ctx, pr) }()
+	err = <-errs
+	stop()
+	return errors.Join(err, <-errs)
 }
 
 func cmdSecretVolume(args []string) error {

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -21,13 +22,13 @@ import (
 // runPods plays the kubelet's pod side, minimally: a pod bound to one of our nodes is marked
 // Running and Ready (no container runs), and a pod being deleted is removed at once, as the
 // kubelet confirms a deletion once its containers stopped.
-func runPods(ctx context.Context, client kubernetes.Interface, nodes map[string]bool, box *statsBox) {
+func runPods(ctx context.Context, client kubernetes.Interface, nodes map[string]bool, filter func(*corev1.Pod) bool, box *statsBox) {
 	factory := informers.NewSharedInformerFactory(client, 0)
 	inf := factory.Core().V1().Pods().Informer()
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
 	enqueue := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
-		if !ok || !nodes[pod.Spec.NodeName] {
+		if !ok || !nodes[pod.Spec.NodeName] || (filter != nil && !filter(pod)) {
 			return
 		}
 		if key, err := cache.MetaNamespaceKeyFunc(pod); err == nil {
@@ -104,11 +105,7 @@ func syncPod(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod, 
 
 func markRunning(pod *corev1.Pod) {
 	now := metav1.NewTime(time.Now())
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(pod.UID))
-	v := h.Sum32()
-	// Pod IPs must not be loopback (EndpointSlices reject it); a made-up 10.128/9 address.
-	ip := fmt.Sprintf("10.%d.%d.%d", 128+int(v>>24)%128, (v>>16)&0xff, 1+int(v&0xff)%254)
+	ip := PodIP(pod.UID)
 	pod.Status.Phase = corev1.PodRunning
 	pod.Status.HostIP = "127.0.0.1"
 	pod.Status.HostIPs = []corev1.HostIP{{IP: "127.0.0.1"}}
@@ -140,4 +137,13 @@ func markRunning(pod *corev1.Pod) {
 			State:       corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
+}
+
+// PodIP is the made-up address a fake kubelet reports for a pod: pod IPs must not be loopback
+// (EndpointSlice validation rejects it), so it is a 10.128.0.0/9 address derived from the UID.
+func PodIP(uid types.UID) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(uid))
+	v := h.Sum32()
+	return fmt.Sprintf("10.%d.%d.%d", 128+int(v>>24)%128, (v>>16)&0xff, 1+int(v&0xff)%254)
 }

@@ -39,7 +39,10 @@ type Config struct {
 	StatsFile     string
 	StatsAddr     string
 	RunPods       bool
-	DeleteOnExit  bool
+	// PodFilter, if set, picks the pods RunPods marks Running (the rest are someone else's,
+	// e.g. the pod runner's, which runs their processes).
+	PodFilter    func(*corev1.Pod) bool
+	DeleteOnExit bool
 }
 
 // NodeName is the name of the i-th node of a group.
@@ -69,7 +72,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.RunPods {
 		wg.Add(1)
-		go func() { defer wg.Done(); runPods(ctx, cfg.Client, names, box) }()
+		go func() { defer wg.Done(); runPods(ctx, cfg.Client, names, cfg.PodFilter, box) }()
 	}
 	for name := range names {
 		wg.Add(1)

@@ -10,6 +10,7 @@
 //	<run>/hold/<name>       while present, the supervisor does not restart <name>
 //	<run>/services/<ns>/<svc>  webhook backend registry (package services)
 //	<run>/stats/<prefix>.json  fake-node status-write statistics
+//	<run>/pods/<prefix>/...    pod-runner pods' directories (package podrunner)
 package runfiles
 
 import (
@@ -118,7 +119,7 @@ func (d Dir) ReadPid(name string) (int, error) {
 // LongRunning are the subcommands that stay up; only these are ever killed by Processes' callers.
 var LongRunning = map[string]bool{
 	"supervise": true, "etcd": true, "apiserver": true, "scheduler": true,
-	"controller-manager": true, "fake-nodes": true, "secret-volume": true,
+	"controller-manager": true, "fake-nodes": true, "secret-volume": true, "pod-runner": true,
 }
 
 // Proc is a process of this run directory.

@@ -41,6 +41,19 @@ func Payload(s *corev1.Secret, mode int32) map[string]volumeutil.FileProjection 
 	return out
 }
 
+// Write writes the Secret into dir once, as the kubelet sets up the volume before the
+// container starts (AtomicWriter: nothing changes when the content is the same).
+func Write(dir string, s *corev1.Secret, mode int32) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	w, err := volumeutil.NewAtomicWriter(dir, fmt.Sprintf("secret %s/%s", s.Namespace, s.Name))
+	if err != nil {
+		return err
+	}
+	return w.Write(Payload(s, mode), nil)
+}
+
 // Run mirrors until ctx ends. Changes seen during a pending delay are coalesced: the latest
 // version is written when the delay ends.
 func Run(ctx context.Context, cfg Config) error {

@@ -22,7 +22,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,6 +35,7 @@ import (
 
 	"kube-overcommit/tests/cluster/internal/pki"
 	"kube-overcommit/tests/cluster/internal/runfiles"
+	"kube-overcommit/tests/cluster/internal/spawn"
 )
 
 // Options of a control plane.
@@ -69,32 +69,6 @@ type component struct {
 	args []string
 	// ready reports whether the component serves; nil means "started is enough".
 	ready func(ctx context.Context) error
-}
-
-// spawner starts every child from one OS thread that never exits: Pdeathsig is tied to the
-// thread that forked the child, and a Go runtime thread may otherwise be retired.
-type spawner struct{ reqs chan spawnReq }
-
-type spawnReq struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-func newSpawner() *spawner {
-	s := &spawner{reqs: make(chan spawnReq)}
-	go func() {
-		runtime.LockOSThread()
-		for r := range s.reqs {
-			r.done <- r.cmd.Start()
-		}
-	}()
-	return s
-}
-
-func (s *spawner) start(cmd *exec.Cmd) error {
-	done := make(chan error, 1)
-	s.reqs <- spawnReq{cmd: cmd, done: done}
-	return <-done
 }
 
 // Supervise runs the control plane in the foreground until SIGTERM/SIGINT.
@@ -204,12 +178,11 @@ func Supervise(opts Options) error {
 			cancel()
 		}()
 	}
-	sp := newSpawner()
 	env := append(os.Environ(), "KCP_RUN_DIR="+string(run))
 	var wg sync.WaitGroup
 	procs := make([]*supervised, len(comps))
 	for i, c := range comps {
-		procs[i] = &supervised{c: c, run: run, self: self, env: env, sp: sp}
+		procs[i] = &supervised{c: c, run: run, self: self, env: env}
 		if err := procs[i].startOnce(); err != nil {
 			stopAll(procs[:i+1])
 			return fmt.Errorf("start %s: %w", c.name, err)
@@ -292,7 +265,6 @@ type supervised struct {
 	run  runfiles.Dir
 	self string
 	env  []string
-	sp   *spawner
 
 	mu       sync.Mutex
 	cmd      *exec.Cmd
@@ -312,7 +284,7 @@ func (p *supervised) startOnce() error {
 	// Same process group as the supervisor (kill -PGID reaches everyone); SIGKILL if the
 	// supervisor dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.sp.start(cmd); err != nil {
+	if err := spawn.Start(cmd); err != nil {
 		logf.Close()
 		return err
 	}
