@@ -93,11 +93,12 @@ func TestOvercommit(t *testing.T) {
 
 	// Status writes every second; an unchanged (not inflated) node still reports every 3 s, so
 	// a policy reaches a node within seconds instead of the kubelet's 5 minutes.
-	nodes, err := c.StartFakeNodes(harness.FakeNodesOptions{Prefix: "oc", Count: ocNodes, Args: []string{
+	nodeOpts := harness.FakeNodesOptions{Prefix: "oc", Count: ocNodes, Args: []string{
 		fmt.Sprintf("--cpu=%d", ocNodeCPU), "--memory=16Gi", "--images=50",
 		"--labels=" + ocPoolLabel + "=" + ocPool,
 		"--status-update-frequency=1s", "--status-report-frequency=3s",
-	}})
+	}}
+	nodes, err := c.StartFakeNodes(nodeOpts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,6 +155,36 @@ func TestOvercommit(t *testing.T) {
 		}
 	}
 	t.Logf("policy applied: cpu %s -> %s on %v (%.1fs)", raw, inflated, nodes.Names, time.Since(start).Seconds())
+
+	// 6. A kubelet that restarts POSTs its Node again; the API server runs mutating admission
+	// before storage answers AlreadyExists, so the replicas count one patched node CREATE per
+	// restart on an overcommitted node: the signal for design.md section 8's re-admission window
+	// (OutOfcpu after a kubelet restart), shown by the dashboard's registrations panel.
+	isNodeCreatePatched := func(k string) bool {
+		return strings.Contains(k, `resource="node"`) && strings.Contains(k, `operation="CREATE"`) && strings.Contains(k, `outcome="patched"`)
+	}
+	createsBefore, err := sumReviews(in, isNodeCreatePatched)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if nodes, err = c.StartFakeNodes(nodeOpts); err != nil {
+		t.Fatal(err)
+	}
+	var restartCreates float64
+	err = harness.Eventually(30*time.Second, 200*time.Millisecond, func() error {
+		n, err := sumReviews(in, isNodeCreatePatched)
+		if restartCreates = n - createsBefore; err == nil && restartCreates < ocNodes {
+			err = fmt.Errorf("%v of %d", restartCreates, ocNodes)
+		}
+		return err
+	})
+	if err != nil || restartCreates != ocNodes {
+		t.Fatalf("after restarting %d kubelets: %v patched node CREATE reviews (want %d): %v", ocNodes, restartCreates, ocNodes, err)
+	}
+	t.Logf("kubelets restarted: %v patched registrations counted (%.1fs)", restartCreates, time.Since(start).Seconds())
 
 	// 5. The Lease holder, and only it, exports the kubelet's own cpu of every inflated node as
 	// kube_overcommit_node_raw_allocatable (in cores); it follows the leadership when the Lease
@@ -300,17 +331,9 @@ func TestOvercommit(t *testing.T) {
 		t.Fatal("no status write was changed by the webhook")
 	}
 	// The replicas' own account: reviews of both kinds patched, none failed open.
-	reviews := map[string]float64{}
-	for _, r := range in.Replicas() {
-		m, err := replicaMetrics(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k, v := range m {
-			if strings.HasPrefix(k, "kube_overcommit_reviews_total{") && v != 0 {
-				reviews[k] += v
-			}
-		}
+	reviews, err := reviewsByLabels(in)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("reviews (all replicas): %v", reviews)
 	var nodePatched, podPatched, failedOpen float64
@@ -553,6 +576,35 @@ func appliedPolicy(name string) nodeCheck {
 }
 
 // replicaMetrics reads a replica's /metrics (Prometheus text) into series -> value.
+// reviewsByLabels sums kube_overcommit_reviews_total over the replicas, by label set.
+func reviewsByLabels(in *install.Installation) (map[string]float64, error) {
+	reviews := map[string]float64{}
+	for _, r := range in.Replicas() {
+		m, err := replicaMetrics(r)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range m {
+			if strings.HasPrefix(k, "kube_overcommit_reviews_total{") && v != 0 {
+				reviews[k] += v
+			}
+		}
+	}
+	return reviews, nil
+}
+
+// sumReviews is the sum over the replicas of the reviews counters whose labels match.
+func sumReviews(in *install.Installation, match func(labels string) bool) (float64, error) {
+	reviews, err := reviewsByLabels(in)
+	var sum float64
+	for k, v := range reviews {
+		if match(k) {
+			sum += v
+		}
+	}
+	return sum, err
+}
+
 func replicaMetrics(r *install.Replica) (map[string]float64, error) {
 	c := http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get("http://" + r.Probe + "/metrics")
