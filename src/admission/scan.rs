@@ -5,11 +5,13 @@
 //! Walked objects (the levels a caller iterates with [`Members`]) are checked strictly: keys are
 //! strings (escapes decoded, UTF-8 and control characters checked), `:` and `,` where JSON puts
 //! them, no trailing comma. A skipped value ([`skip_value`]) is checked only as far as finding
-//! its end needs: a string ends at its first unescaped quote (every escape is checked); a
-//! container ends at its matching bracket (mismatched brackets and nesting deeper than serde_json
-//! allows are errors); a scalar of a walked object is checked against the JSON grammar. Inside a
-//! skipped container, scalars, commas, colons and key types are not looked at, and no skipped
-//! string is checked for raw control characters. `admission/read.rs` says why that is safe.
+//! its end needs: a string ends at its first unescaped quote (found with memchr's two-byte
+//! search for `"` and `\`; every escape is checked); a container ends at its matching bracket
+//! (a mismatched bracket is an error); a scalar of a walked object is checked against the JSON
+//! grammar. Like serde_json's `IgnoredAny`, which skips iteratively, skipping sets no nesting
+//! limit and cannot overflow the stack. Inside a skipped container, scalars, commas, colons and
+//! key types are not looked at, and no skipped string is checked for raw control characters.
+//! `admission/read.rs` says why that is safe.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -147,33 +149,21 @@ pub fn skip_string(body: &[u8], start: usize) -> Result<usize, ScanError> {
     }
 }
 
-const ONES: u64 = 0x0101_0101_0101_0101;
-const HIGHS: u64 = 0x8080_8080_8080_8080;
-
-/// The first quote or backslash at or after `from` (`body.len()` if none). Half of a Node's
-/// strings are 9 bytes or less: the first two words are tested eight bytes at a time in
-/// place, and only a longer string pays for the call and set-up of `memchr2`.
+/// The first quote or backslash at or after `from` (`body.len()` if none). A Node has more
+/// than a thousand strings, half of them 9 bytes or less: the per-call set-up of `memchr2`
+/// (choosing an implementation through a function pointer, then AVX2 set-up) costs more than
+/// the search. On x86_64 the SSE2 searcher (SSE2 is always there) is called directly.
 #[inline(always)]
 fn find_quote_or_backslash(body: &[u8], from: usize) -> usize {
-    let mut i = from;
-    for _ in 0..2 {
-        let Some(Ok(word)) = body.get(i..i + 8).map(<[u8; 8]>::try_from) else {
-            break;
-        };
-        let word = u64::from_le_bytes(word);
-        let quotes = word ^ (ONES * u64::from(b'"'));
-        let backslashes = word ^ (ONES * u64::from(b'\\'));
-        // A zero byte in either: the lowest flagged byte is exact (the usual SWAR test).
-        let found = (quotes.wrapping_sub(ONES) & !quotes
-            | backslashes.wrapping_sub(ONES) & !backslashes)
-            & HIGHS;
-        if found != 0 {
-            return i + (found.trailing_zeros() / 8) as usize;
-        }
-        i += 8;
-    }
-    let rest = body.get(i..).unwrap_or_default();
-    i + memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len())
+    let rest = body.get(from..).unwrap_or_default();
+    #[cfg(target_arch = "x86_64")]
+    let found = match memchr::arch::x86_64::sse2::memchr::Two::new(b'"', b'\\') {
+        Some(searcher) => searcher.find(rest),
+        None => memchr::memchr2(b'"', b'\\', rest),
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let found = memchr::memchr2(b'"', b'\\', rest);
+    from + found.unwrap_or(rest.len())
 }
 
 /// `at` is a backslash inside a string: the index past its escape.
@@ -205,10 +195,7 @@ fn skip_container(body: &[u8], start: usize) -> Result<usize, ScanError> {
     let mut i = start;
     loop {
         // Between strings there are only a few bytes (`":"`, `,`, numbers, brackets).
-        let structural = body
-            .get(i..)
-            .and_then(|rest| rest.iter().position(|&b| STRUCTURAL[usize::from(b)]));
-        let Some(k) = structural else {
+        let Some(&byte) = body.get(i) else {
             let innermost_object = match open.checked_sub(1) {
                 Some(level) if level < 128 => objects >> level & 1 == 1,
                 Some(_) => deeper.last().copied().unwrap_or(false),
@@ -221,13 +208,12 @@ fn skip_container(body: &[u8], start: usize) -> Result<usize, ScanError> {
             };
             return Err(ScanError::at(code, body.len()));
         };
-        i += k;
-        match body.get(i) {
-            Some(b'"') => {
+        match byte {
+            b'"' => {
                 i = skip_string(body, i)?;
                 continue;
             }
-            Some(&byte @ (b'{' | b'[')) => {
+            b'{' | b'[' => {
                 let is_object = byte == b'{';
                 if open < 128 {
                     if is_object {
@@ -240,7 +226,7 @@ fn skip_container(body: &[u8], start: usize) -> Result<usize, ScanError> {
                 }
                 open += 1;
             }
-            Some(&byte) => {
+            b'}' | b']' => {
                 let Some(innermost) = open.checked_sub(1) else {
                     return Err(ScanError::at(Code::ExpectedValue, i));
                 };
@@ -259,22 +245,11 @@ fn skip_container(body: &[u8], start: usize) -> Result<usize, ScanError> {
                     return Ok(i + 1);
                 }
             }
-            None => {}
+            _ => {}
         }
         i += 1;
     }
 }
-
-/// The bytes that matter to bracket matching outside strings.
-const STRUCTURAL: [bool; 256] = {
-    let mut table = [false; 256];
-    table[b'"' as usize] = true;
-    table[b'{' as usize] = true;
-    table[b'}' as usize] = true;
-    table[b'[' as usize] = true;
-    table[b']' as usize] = true;
-    table
-};
 
 fn skip_literal(body: &[u8], start: usize, literal: &[u8]) -> Result<usize, ScanError> {
     for (k, expected) in literal.iter().enumerate() {
