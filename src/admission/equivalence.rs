@@ -237,6 +237,22 @@ fn semantic_variants(review: &Value) -> Vec<(String, Value)> {
             m.remove("annotations");
         }
     });
+    with(
+        "object without annotations, allocatable as stored (the fallback decides)",
+        &|v| {
+            if let Some(m) = v.pointer_mut(meta).and_then(Value::as_object_mut) {
+                m.remove("annotations");
+            }
+            let stored = v.pointer("/request/oldObject/status/allocatable").cloned();
+            if let (Some(stored), Some(status)) = (
+                stored,
+                v.pointer_mut("/request/object/status")
+                    .and_then(Value::as_object_mut),
+            ) {
+                status.insert("allocatable".into(), stored);
+            }
+        },
+    );
     with("object without metadata", &|v| {
         if let Some(o) = v
             .pointer_mut("/request/object")

@@ -185,6 +185,10 @@ fn struct_members<'a>(
 struct Seen(u32);
 
 impl Seen {
+    fn all(&self, bits: &[u32]) -> bool {
+        bits.iter().all(|bit| self.0 & 1 << bit != 0)
+    }
+
     fn once(&mut self, body: &[u8], bit: u32, name: &str, key_end: usize) -> Read<()> {
         if self.0 & 1 << bit != 0 {
             let (line, column) = scan::position(body, key_end);
@@ -305,6 +309,7 @@ fn read_request<'a>(
     let mut seen = Seen::default();
     while let Some(member) = members.next_member().map_err(scan_error(body))? {
         let key_end = member.key_end;
+        let kind_resource_object_known = seen.all(&[1, 2, 7]);
         let mut once = |bit, name| seen.once(body, bit, name, key_end);
         match member.key.as_ref() {
             "uid" => {
@@ -346,10 +351,19 @@ fn read_request<'a>(
             }
             "oldObject" => {
                 keep(object_error, once(8, "oldObject"))?;
-                // Skipped (only its end is found) unless the rule will need it; that is
-                // decided once the kind and the object are known.
-                let span = members.skip_value().map_err(scan_error(body))?;
-                old_object = Some(span);
+                // Skipped (only its end is found) unless the rule will need it, which the kind,
+                // the resource and the object tell. The API server writes them first; in any
+                // other order the decision waits for the end of the request.
+                if !kind_resource_object_known {
+                    let span = members.skip_value().map_err(scan_error(body))?;
+                    old_object = Some(span);
+                } else if object_error.is_none() && needs_stored_annotations(&request) {
+                    let read = read_old_object(body, member.value_start);
+                    if let Some((old, end)) = keep(object_error, read)?.flatten() {
+                        request.old_object = Some(old);
+                        members.value_read(end);
+                    }
+                }
             }
             _ => {}
         }
@@ -360,7 +374,7 @@ fn read_request<'a>(
         && needs_stored_annotations(&request)
     {
         let read = read_old_object(body, span.start);
-        request.old_object = keep(object_error, read)?.flatten();
+        request.old_object = keep(object_error, read)?.flatten().map(|(old, _)| old);
     }
     Ok(Some(request))
 }
@@ -478,10 +492,10 @@ fn read_status<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<Node
     )
 }
 
-/// `oldObject.metadata.annotations`, from the oldObject whose first byte is at `start` (its
-/// end is already known: the request walk skipped it).
-fn read_old_object(body: &[u8], start: usize) -> Read<Option<OldObjectIn<'_>>> {
-    let old_object = read_struct(
+/// `oldObject.metadata.annotations`, from the oldObject whose first byte is at `start`; the
+/// index past it.
+fn read_old_object(body: &[u8], start: usize) -> Read<Option<(OldObjectIn<'_>, usize)>> {
+    read_struct(
         body,
         start,
         "OldObjectIn",
@@ -499,6 +513,5 @@ fn read_old_object(body: &[u8], start: usize) -> Read<Option<OldObjectIn<'_>>> {
             )?;
             Ok(())
         },
-    )?;
-    Ok(old_object.map(|(old, _)| old))
+    )
 }
