@@ -11,22 +11,33 @@
 //! `status.{allocatable,capacity}`, and `oldObject.metadata.annotations`.
 //!
 //! Answers are those of a full serde_json parse of the same structs (the test oracle in
-//! `reference.rs`), with two deliberate differences, both on bodies the API server never sends:
+//! `reference.rs`, compared in `equivalence.rs`), except on bodies the API server never sends:
 //!
 //! - **Tolerated inside skipped values.** A value that is not read is only scanned for its end
-//!   (see `scan`): inside a skipped container, scalars, commas, colons and key types are not
-//!   checked, nor raw control characters in skipped strings; the whole `oldObject` is skipped
-//!   unless the fallback needs it (so wrong types or duplicate fields there no longer fail the
-//!   review open). A full parse would answer 400 or fail open; this reader answers as if the
-//!   skipped value were well-formed. Safe because the body comes from the API server, which
-//!   serialises it from a stored object with encoding/json (always valid JSON), and because
-//!   nothing skipped reaches the decision or the patch: the patch is computed only from values
-//!   serde_json read strictly. Damage that moves a value's end (an unbalanced bracket or quote,
-//!   a bad escape) is still found, by the scan or by the strict walk of the
-//!   levels around it, and answered 400.
+//!   (see `scan`). Where a full parse answers 400 (or, for `oldObject`, fails open), this reader
+//!   answers as if the skipped value were well-formed when the fault is one of:
+//!   - inside a skipped container: a missing or extra `,` or `:`, a key that is not a string, a
+//!     trailing comma, a missing value, a scalar that is not JSON (`01`, `1.`, `ture`);
+//!   - inside a skipped string: a raw control character (a byte below 0x20);
+//!   - anywhere in `oldObject` when the rule does not need it (the object carries an
+//!     overcommit annotation, or the review is not a node's): all of the above, and wrong types
+//!     or duplicate fields in `oldObject.metadata`, which the full parse failed open on.
+//!
+//!   Still refused there, as by the full parse: an unterminated string, a bad escape (`\x`, a
+//!   `\u` without four hex digits), a bracket that does not match or is missing, and a skipped
+//!   scalar member of a walked object that is not JSON. Safe because the body comes from the API
+//!   server, which serialises stored objects with encoding/json (valid JSON, always), and
+//!   because nothing skipped reaches the decision or the patch: the patch is computed only from
+//!   values serde_json read strictly. A fault that moves where a skipped value ends shifts the
+//!   walk of the levels around it, which then refuses the body (the damage tests check that
+//!   tolerated damage never changes the answer).
 //! - **No array form of structs.** serde's derive also accepts a struct written as a JSON array
 //!   of its fields in order (`["admission.k8s.io/v1","AdmissionReview",{...}]`); this reader
 //!   wants objects at the walked levels (400 for the envelope, fail open for the object).
+//!
+//! Nesting: serde_json's recursion limit (128) applies only to what it deserialises into
+//! structs, a few levels here; skipped values (`IgnoredAny` there, the scan here) have no limit,
+//! and the scan does not recurse.
 //!
 //! Error messages keep serde_json's wording and `at line L column C` of the whole body for what
 //! serde_json reads; syntax errors found by the scan use serde_json's words at the scan's index.
