@@ -5,7 +5,8 @@
 //!   the same outcome, resource, operation and log reason;
 //! - the reference fails open or answers 400: the reader does the same (same body), unless the
 //!   damage lies inside a value the reader skips (`read.rs` lists what that tolerates); then the
-//!   reader's answer is the undamaged review's answer or a failed-open one, never another patch.
+//!   reader's answer is the undamaged review's answer, or an answer without a patch, or 400:
+//!   never another patch.
 
 use std::ops::Range;
 
@@ -597,11 +598,35 @@ fn check_damaged(
             && reference.outcome != Outcome::Unchanged,
         "{what}: damage at {damage:?} outside skipped values\nreference {reference:?}\nnew {new:?}"
     );
-    // Tolerated damage never changes what is written.
+    // Tolerated damage never writes anything else: the undamaged answer, or no patch at all.
+    // (A quote damaged into another byte flips which bytes are inside strings; the walk that
+    // follows is then refused, or, rarely, reads a review without its operation or object.)
+    let no_patch = !new.body.contains("\"patch\"");
     assert!(
-        new.body == undamaged.body || new.outcome == Outcome::FailedOpen || new.status == 400,
-        "{what}: damage at {damage:?} changed the answer\nundamaged {undamaged:?}\nnew {new:?}"
+        new.body == undamaged.body || no_patch || new.status == 400,
+        "{what}: damage at {damage:?} changed the patch\nundamaged {undamaged:?}\nnew {new:?}"
     );
+}
+
+#[test]
+fn a_damaged_quote_in_a_skipped_value_is_refused() {
+    // Found by the damage sweep before the scan checked what follows a string: the quote
+    // flipped which bytes were inside strings, and the walk went on to read a review with its
+    // operation (first case) or its metadata (second case, a different patch) swallowed.
+    let cases = [(FIXTURES[0], 270), (FIXTURES[2], 547)];
+    for ((name, bytes), at) in cases {
+        assert_eq!(bytes[at], b'"', "{name}");
+        let mut body = bytes.to_vec();
+        body[at] = b'{';
+        for (policies, set) in &policy_sets() {
+            assert_eq!(
+                reference_answer(&body, set).status,
+                400,
+                "{name} {policies}"
+            );
+            assert_eq!(new_answer(&body, set).status, 400, "{name} {policies}");
+        }
+    }
 }
 
 #[test]
@@ -629,11 +654,16 @@ fn truncated_reviews_are_refused_at_every_length() {
 
 #[test]
 fn damaged_reviews_answer_as_serde_json_or_within_the_tolerance() {
+    // ADMISSION_DAMAGE_ROUNDS=N repeats the sweep N times with other damages (a longer fuzz).
+    let rounds: usize = std::env::var("ADMISSION_DAMAGE_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
     let sets = policy_sets();
     let mut rng = Rng(0xbad_b17e_5eed_0001);
-    let replacements = b"\"{}[],:\\ 0x\xff\x01e-";
+    let replacements = b"\"{}[],:\\ 0x\xff\x01e-7tn";
     let mut tally = Tally::default();
-    for (name, bytes) in FIXTURES {
+    for (name, bytes) in FIXTURES.iter().cycle().take(FIXTURES.len() * rounds) {
         let skipped = skipped_spans(bytes);
         assert!(!skipped.is_empty(), "{name}");
         // Every position of the small reviews, a sample of the large ones.

@@ -5,13 +5,16 @@
 //! Walked objects (the levels a caller iterates with [`Members`]) are checked strictly: keys are
 //! strings (escapes decoded, UTF-8 and control characters checked), `:` and `,` where JSON puts
 //! them, no trailing comma. A skipped value ([`skip_value`]) is checked only as far as finding
-//! its end needs: a string ends at its first unescaped quote (found with memchr's two-byte
-//! search for `"` and `\`; every escape is checked); a container ends at its matching bracket
-//! (a mismatched bracket is an error); a scalar of a walked object is checked against the JSON
+//! its end reliably needs: a string ends at its first unescaped quote (found with memchr's
+//! two-byte search for `"` and `\`; every escape is checked) and is followed by `:`, `,` or a
+//! closing bracket; a container ends at its matching bracket (a mismatched bracket is an error)
+//! and holds nothing outside strings but brackets, separators, whitespace and the characters of
+//! numbers and `true`/`false`/`null`; a scalar of a walked object is checked against the JSON
 //! grammar. Like serde_json's `IgnoredAny`, which skips iteratively, skipping sets no nesting
-//! limit and cannot overflow the stack. Inside a skipped container, scalars, commas, colons and
-//! key types are not looked at, and no skipped string is checked for raw control characters.
-//! `admission/read.rs` says why that is safe.
+//! limit and cannot overflow the stack. Inside a skipped container the order of tokens is not
+//! checked (where commas and colons go, that keys are strings, the spelling of numbers and
+//! literals), nor raw control characters in skipped strings. `admission/read.rs` says why that
+//! is safe.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -38,6 +41,7 @@ pub enum Code {
     ExpectedColon,
     ExpectedCommaOrBrace,
     ExpectedCommaOrBracket,
+    ExpectedCommaOrColon,
     KeyMustBeAString,
     TrailingComma,
     TrailingCharacters,
@@ -60,6 +64,7 @@ impl Code {
             Code::ExpectedColon => "expected `:`",
             Code::ExpectedCommaOrBrace => "expected `,` or `}`",
             Code::ExpectedCommaOrBracket => "expected `,` or `]`",
+            Code::ExpectedCommaOrColon => "expected `,`, `:` or a closing bracket after a string",
             Code::KeyMustBeAString => "key must be a string",
             Code::TrailingComma => "trailing comma",
             Code::TrailingCharacters => "trailing characters",
@@ -211,6 +216,14 @@ fn skip_container(body: &[u8], start: usize) -> Result<usize, ScanError> {
         match byte {
             b'"' => {
                 i = skip_string(body, i)?;
+                // A string is followed by `:`, `,` or a closing bracket. A quote damaged into
+                // another byte flips which bytes are inside strings from there on; this finds
+                // it at the next string instead of skipping past the value's real end.
+                let next = skip_ws(body, i);
+                match body.get(next) {
+                    Some(b':' | b',' | b']' | b'}') | None => i = next,
+                    Some(_) => return Err(ScanError::at(Code::ExpectedCommaOrColon, next)),
+                }
                 continue;
             }
             b'{' | b'[' => {
@@ -245,7 +258,10 @@ fn skip_container(body: &[u8], start: usize) -> Result<usize, ScanError> {
                     return Ok(i + 1);
                 }
             }
-            _ => {}
+            // Outside strings JSON has only these: separators, numbers, `true false null`.
+            b' ' | b'\t' | b'\n' | b'\r' | b',' | b':' | b'0'..=b'9' | b'-' | b'+' | b'.' => {}
+            b'e' | b'E' | b't' | b'r' | b'u' | b'f' | b'a' | b'l' | b's' | b'n' => {}
+            _ => return Err(ScanError::at(Code::ExpectedValue, i)),
         }
         i += 1;
     }

@@ -93,6 +93,47 @@ fn what_a_skip_refuses() {
 }
 
 #[test]
+fn inside_skipped_containers_tokens_are_checked_but_not_their_order() {
+    // Refused: what would let a damaged quote flip strings and text unnoticed.
+    let refused: &[(&str, Code)] = &[
+        (r#"["a" "b"]"#, Code::ExpectedCommaOrColon),
+        (r#"{"a" 1}"#, Code::ExpectedCommaOrColon),
+        (r#"{"a":"b"x}"#, Code::ExpectedCommaOrColon),
+        (r#"{"a":"b" {}}"#, Code::ExpectedCommaOrColon),
+        ("[abc]", Code::ExpectedValue),
+        ("[1,/]", Code::ExpectedValue),
+        (r"[\]", Code::ExpectedValue),
+    ];
+    for (case, code) in refused {
+        assert_eq!(
+            skip_value(case.as_bytes(), 0).map_err(|e| e.code),
+            Err(*code),
+            "{case}"
+        );
+    }
+    // Tolerated (read.rs lists this): the order of valid tokens, and the spelling of numbers
+    // and literals from their own characters. serde_json refuses each.
+    let tolerated = [
+        "[1 2]",
+        "[1,,2]",
+        "[,]",
+        r#"{"a":}"#,
+        "{1:2}",
+        r#"{"a":1,}"#,
+        "[01, 1., 1e, ture, nul, -]",
+        "[\"raw \u{1} control\"]",
+    ];
+    for case in tolerated {
+        assert_eq!(skip_value(case.as_bytes(), 0), Ok(case.len()), "{case}");
+        assert_eq!(
+            serde_end(case.as_bytes()),
+            None,
+            "serde_json accepts {case}"
+        );
+    }
+}
+
+#[test]
 fn nesting_has_no_limit_and_no_recursion() {
     // Like serde_json's IgnoredAny: skipping is iterative; brackets must still match.
     for depth in [127, 128, 129, 130, 100_000] {
