@@ -13,10 +13,11 @@
 //! - Nodes: `CREATE nodes` and `UPDATE nodes/status` go through `inflate`; pods: `CREATE pods`
 //!   through `pods`; anything else is allowed unchanged.
 //!
-//! Speed: a node review carries the whole Node twice (20-200 KB). Only the fields the rules
-//! read are deserialised (labels, annotations, allocatable, capacity, container resources),
-//! borrowed from the body where possible; everything else (images, conditions, managedFields)
-//! is skipped by serde without being built.
+//! Speed: a node review carries the whole Node twice (20-200 KB). `read` deserialises only the
+//! fields the rules read (labels, annotations, allocatable, capacity, container resources), from
+//! their own slices of the body; everything else (images, conditions, managedFields, the stored
+//! `oldObject` unless the node rule needs its annotations) is stepped over by `scan` without
+//! being built or visited token by token.
 
 use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -88,17 +89,8 @@ pub struct Handled {
 
 // ---- what is read from a review -------------------------------------------------------------
 
-#[derive(Deserialize)]
-struct ReviewIn<'a> {
-    #[serde(rename = "apiVersion", borrow, default)]
-    api_version: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    request: Option<RequestIn<'a>>,
-}
-
-#[derive(Deserialize)]
+/// The request of a review (a `Deserialize` for the test oracle; `read` builds it field by field).
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct RequestIn<'a> {
     #[serde(borrow, default)]
@@ -121,35 +113,6 @@ struct RequestIn<'a> {
     old_object: Option<OldObjectIn<'a>>,
 }
 
-/// The same envelope with the objects skipped: to answer (fail open) a review whose object
-/// could not be read.
-#[derive(Deserialize)]
-struct EnvelopeIn<'a> {
-    #[serde(rename = "apiVersion", borrow, default)]
-    api_version: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    request: Option<RequestEnvelopeIn<'a>>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RequestEnvelopeIn<'a> {
-    #[serde(borrow, default)]
-    uid: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    kind: Option<KindIn<'a>>,
-    #[serde(borrow, default)]
-    resource: Option<ResourceIn<'a>>,
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    namespace: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    operation: Option<Cow<'a, str>>,
-}
-
 #[derive(Deserialize, Default)]
 struct KindIn<'a> {
     #[serde(borrow, default)]
@@ -167,7 +130,7 @@ struct ResourceIn<'a> {
 }
 
 /// A Node or a Pod: the fields of both rules (a node has no containers, a pod no allocatable).
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct ObjectIn<'a> {
     #[serde(borrow, default)]
     metadata: Option<MetaIn<'a>>,
@@ -177,7 +140,7 @@ struct ObjectIn<'a> {
     status: Option<NodeStatusIn<'a>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct OldObjectIn<'a> {
     #[serde(borrow, default)]
     metadata: Option<OldMetaIn<'a>>,
@@ -297,7 +260,16 @@ pub fn handle_with_reason(
     policies: &PolicySet,
     settings: &Settings,
 ) -> (Handled, Option<String>) {
-    let request = match parse(body) {
+    respond(read::parse(body), policies, settings)
+}
+
+/// The answer for a parsed body.
+fn respond(
+    parsed: Parsed<'_>,
+    policies: &PolicySet,
+    settings: &Settings,
+) -> (Handled, Option<String>) {
+    let request = match parsed {
         Parsed::Review(request) => request,
         Parsed::Unreadable {
             uid,
@@ -353,7 +325,7 @@ pub fn handle_with_reason(
 
 /// The decision for a review (for `review --explain`), or why there is none.
 pub fn explain(body: &[u8], policies: &PolicySet, settings: &Settings) -> Result<Decision, String> {
-    match parse(body) {
+    match read::parse(body) {
         Parsed::Review(request) => {
             let resource = classify(request.kind.as_ref(), request.resource.as_ref());
             decide_request(&request, resource, policies, settings)
@@ -376,64 +348,23 @@ enum Parsed<'a> {
     Bad(String),
 }
 
-fn parse(body: &[u8]) -> Parsed<'_> {
-    let check_envelope = |api_version: Option<&str>,
-                          kind: Option<&str>,
-                          uid: Option<&str>|
-     -> Result<(), String> {
-        if api_version != Some(REVIEW_API_VERSION) || kind != Some("AdmissionReview") {
-            return Err(format!(
-                "expected apiVersion {REVIEW_API_VERSION} and kind AdmissionReview, found {:?} {:?}",
-                api_version.unwrap_or_default(),
-                kind.unwrap_or_default()
-            ));
-        }
-        match uid {
-            Some(uid) if !uid.is_empty() => Ok(()),
-            Some(_) => Err("request.uid is empty".to_string()),
-            None => Err("AdmissionReview has no request.uid".to_string()),
-        }
-    };
-    match serde_json::from_slice::<ReviewIn<'_>>(body) {
-        Ok(review) => {
-            let uid = review.request.as_ref().and_then(|r| r.uid.as_deref());
-            if let Err(message) =
-                check_envelope(review.api_version.as_deref(), review.kind.as_deref(), uid)
-            {
-                return Parsed::Bad(message);
-            }
-            match review.request {
-                Some(request) => Parsed::Review(Box::new(request)),
-                None => Parsed::Bad("AdmissionReview has no request".to_string()),
-            }
-        }
-        Err(object_error) => match serde_json::from_slice::<EnvelopeIn<'_>>(body) {
-            Ok(envelope) => {
-                let request = envelope.request;
-                let uid = request.as_ref().and_then(|r| r.uid.as_deref());
-                if let Err(message) = check_envelope(
-                    envelope.api_version.as_deref(),
-                    envelope.kind.as_deref(),
-                    uid,
-                ) {
-                    return Parsed::Bad(message);
-                }
-                let Some(request) = request else {
-                    return Parsed::Bad("AdmissionReview has no request".to_string());
-                };
-                Parsed::Unreadable {
-                    uid: request.uid.as_deref().unwrap_or_default().to_string(),
-                    resource: classify(request.kind.as_ref(), request.resource.as_ref()),
-                    operation: request.operation.as_deref().unwrap_or_default().to_string(),
-                    reason: describe_object(
-                        request.name.as_deref(),
-                        request.namespace.as_deref(),
-                        &format!("object unreadable: {object_error}"),
-                    ),
-                }
-            }
-            Err(e) => Parsed::Bad(format!("body is not an AdmissionReview: {e}")),
-        },
+/// The envelope every review must have: admission.k8s.io/v1 AdmissionReview with a uid.
+fn check_envelope(
+    api_version: Option<&str>,
+    kind: Option<&str>,
+    uid: Option<&str>,
+) -> Result<(), String> {
+    if api_version != Some(REVIEW_API_VERSION) || kind != Some("AdmissionReview") {
+        return Err(format!(
+            "expected apiVersion {REVIEW_API_VERSION} and kind AdmissionReview, found {:?} {:?}",
+            api_version.unwrap_or_default(),
+            kind.unwrap_or_default()
+        ));
+    }
+    match uid {
+        Some(uid) if !uid.is_empty() => Ok(()),
+        Some(_) => Err("request.uid is empty".to_string()),
+        None => Err("AdmissionReview has no request.uid".to_string()),
     }
 }
 
@@ -602,5 +533,12 @@ fn bad_request(message: &str) -> (Handled, Option<String>) {
     (handled, Some(message.to_string()))
 }
 
+mod read;
+mod scan;
+
+#[cfg(test)]
+mod equivalence;
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;

@@ -148,6 +148,14 @@ impl Previous {
     }
 }
 
+/// Whether a node's annotations hold either overcommit annotation; if the incoming node's do
+/// not, `decide` reads the stored node's.
+pub fn carries_overcommit_annotations(annotations: Option<&StrMap<'_>>) -> bool {
+    annotations.is_some_and(|a| {
+        a.contains_key(RAW_ALLOCATABLE_ANNOTATION) || a.contains_key(APPLIED_ANNOTATION)
+    })
+}
+
 /// Decide the node's allocatable and annotations. `stored` is the node as stored (the review's
 /// oldObject on UPDATE); only its annotations are read, and only if `node` carries none.
 pub fn decide(
@@ -156,11 +164,8 @@ pub fn decide(
     policies: &PolicySet,
 ) -> Result<NodeDecision, InflateError> {
     let mut notes = Vec::new();
-    let carries_annotations = |view: &NodeView<'_>| {
-        view.annotations.is_some_and(|a| {
-            a.contains_key(RAW_ALLOCATABLE_ANNOTATION) || a.contains_key(APPLIED_ANNOTATION)
-        })
-    };
+    let carries_annotations =
+        |view: &NodeView<'_>| carries_overcommit_annotations(view.annotations);
     let previous_source = if carries_annotations(node) {
         node.annotations
     } else {

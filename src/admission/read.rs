@@ -1,0 +1,599 @@
+//! Reading a review from the request body: the fields the rules use are deserialised by
+//! serde_json from their own slices of the body; everything else is stepped over by `scan`,
+//! without building or visiting it token by token. `oldObject` is read (its
+//! `metadata.annotations` only) when the node rule needs the stored annotations: a node review
+//! whose object carries neither overcommit annotation.
+//!
+//! Walked: the review object, `request`, `object`, `object.metadata`, `object.status`, and in
+//! the fallback `oldObject` and `oldObject.metadata`. Read with serde_json: `apiVersion`,
+//! `kind`, request `uid kind resource subResource name namespace operation`, object
+//! `metadata.{namespace,labels,annotations}`, `spec` (the pod rule's containers),
+//! `status.{allocatable,capacity}`, and `oldObject.metadata.annotations`.
+//!
+//! Answers are those of a full serde_json parse of the same structs (the test oracle in
+//! `reference.rs`, compared in `equivalence.rs`), except on bodies the API server never sends:
+//!
+//! - **Tolerated inside skipped values.** A value that is not read is only scanned for its end
+//!   (see `scan`). Where a full parse answers 400 (or, for `oldObject`, fails open), this reader
+//!   answers as if the skipped value were well-formed when the fault is one of:
+//!   - inside a skipped container, the order of its tokens where no string's end is involved:
+//!     a missing or extra `,` or `:` (`[1 2]`, `[1,,2]`, `{"a":}`, `{"a":1,}`), a key that is
+//!     not a string (`{1:2}`), a number or literal spelt wrong with the characters numbers and
+//!     literals use (`01`, `1.`, `1e`, `ture`, `nul`);
+//!   - inside a skipped string: a raw control character (a byte below 0x20);
+//!   - anywhere in `oldObject` when the rule does not need it (the object carries an
+//!     overcommit annotation, or the review is not a node's): all of the above, and wrong types
+//!     or duplicate fields in `oldObject.metadata`, which the full parse failed open on.
+//!
+//!   Still refused there, as by the full parse: an unterminated string, a bad escape (`\x`, a
+//!   `\u` without four hex digits), a string not followed by `:`, `,` or a closing bracket, any
+//!   other character outside strings, a bracket that does not match or is missing, and a
+//!   skipped scalar member of a walked object that is not JSON. After a data error in the
+//!   objects, the object is checked with serde_json's `IgnoredAny` as the full parse's fallback
+//!   did, so the choice between failing open and 400 is the same.
+//!
+//!   Safe because the body comes from the API server, which serialises stored objects with
+//!   encoding/json (valid JSON, always), and because nothing skipped reaches the decision or
+//!   the patch: the patch is computed only from values serde_json read strictly. Damage moves
+//!   where a skipped value ends only through its brackets or quotes: a bracket too many or too
+//!   few leaves the body unbalanced at its end (refused); a quote damaged into another byte
+//!   flips which bytes are inside strings, and the checks above catch that, in practice at the
+//!   next string (without them, the walk could go on and read a review with its metadata
+//!   swallowed by a skipped value: a different patch). `equivalence.rs` damages every byte of
+//!   the small fixtures and samples the large ones (`ADMISSION_DAMAGE_ROUNDS=100`: 3.3 million
+//!   damaged reviews) and finds every answer either serde_json's, or, for damage inside a
+//!   skipped value, the undamaged answer, an answer without a patch, or 400.
+//! - **No array form of structs.** serde's derive also accepts a struct written as a JSON array
+//!   of its fields in order (`["admission.k8s.io/v1","AdmissionReview",{...}]`); this reader
+//!   wants objects at the walked levels (400 for the envelope, fail open for the object).
+//!
+//! Nesting: serde_json's recursion limit (128) applies only to what it deserialises into
+//! structs, a few levels here; skipped values (`IgnoredAny` there, the scan here) have no limit,
+//! and the scan does not recurse.
+//!
+//! Error messages keep serde_json's wording and `at line L column C` of the whole body for what
+//! serde_json reads; syntax errors found by the scan use serde_json's words at the scan's index.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde::Deserialize;
+use serde::de::{DeserializeSeed, Visitor};
+
+use super::scan::{self, Code, Members, ScanError};
+use super::{
+    KindIn, MetaIn, NodeStatusIn, ObjectIn, OldMetaIn, OldObjectIn, Parsed, RequestIn, ResourceIn,
+    ReviewResource, check_envelope, classify, describe_object,
+};
+use crate::inflate;
+
+/// Why a body could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ReadError {
+    /// Not JSON at all (400 wherever it is); otherwise JSON with a field of the wrong type, a
+    /// field twice, or a string that is not valid text (400 in the envelope, fail open in the
+    /// objects).
+    syntax: bool,
+    message: String,
+}
+
+type Read<T> = Result<T, ReadError>;
+
+fn scan_error(body: &[u8]) -> impl Fn(ScanError) -> ReadError + '_ {
+    move |e| ReadError {
+        syntax: e.code != Code::InvalidUnicode,
+        message: e.describe(body),
+    }
+}
+
+/// What a string spells (UTF-8, paired surrogates) is checked only where serde_json reads the
+/// string, not where it skips it: such an error inside the objects fails the review open (the
+/// envelope is still JSON to a reader that skips the objects), as a data error does.
+fn is_content_error(message: &str) -> bool {
+    [
+        "invalid unicode code point",
+        "lone leading surrogate in hex escape",
+        "unexpected end of hex escape",
+    ]
+    .iter()
+    .any(|m| message.starts_with(m))
+}
+
+/// A serde_json error on `body[offset..]`, with its position moved to the whole body.
+fn serde_error(e: &serde_json::Error, body: &[u8], offset: usize) -> ReadError {
+    let text = e.to_string();
+    let syntax =
+        !matches!(e.classify(), serde_json::error::Category::Data) && !is_content_error(&text);
+    if e.line() == 0 {
+        return ReadError {
+            syntax,
+            message: text,
+        };
+    }
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    let message = text.strip_suffix(&suffix).unwrap_or(&text);
+    let slice = body.get(offset..).unwrap_or_default();
+    let mut line_start = 0;
+    for _ in 1..e.line() {
+        match memchr::memchr(b'\n', slice.get(line_start..).unwrap_or_default()) {
+            Some(k) => line_start += k + 1,
+            None => break,
+        }
+    }
+    let (line, column) = scan::position(body, offset + line_start + e.column());
+    ReadError {
+        syntax,
+        message: format!("{message} at line {line} column {column}"),
+    }
+}
+
+/// The current member's value, read with serde_json straight from the body (one pass: serde
+/// finds its end).
+fn field<'a, T: Deserialize<'a>>(body: &'a [u8], members: &mut Members<'a>) -> Read<T> {
+    let start = members.value_start();
+    let mut values =
+        serde_json::Deserializer::from_slice(body.get(start..).unwrap_or_default()).into_iter();
+    match values.next() {
+        Some(Ok(value)) => {
+            members.value_read(start + values.byte_offset());
+            Ok(value)
+        }
+        Some(Err(e)) => Err(serde_error(&e, body, start)),
+        None => Err(scan_error(body)(ScanError::at(Code::EofValue, body.len()))),
+    }
+}
+
+/// A string field, borrowed from the body when it has no escapes (as `#[serde(borrow)]`).
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct Text<'a>(#[serde(borrow)] Option<Cow<'a, str>>);
+
+fn text<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<Cow<'a, str>>> {
+    field::<Text<'a>>(body, members).map(|t| t.0)
+}
+
+/// serde_json's own error for a value that is neither an object nor null where a struct is
+/// read ("invalid type: integer `5`, expected struct MetaIn").
+struct ExpectStruct(&'static str);
+
+impl<'de> Visitor<'de> for ExpectStruct {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "struct {}", self.0)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for ExpectStruct {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        let name = self.0;
+        d.deserialize_struct(name, &[], self)
+    }
+}
+
+fn not_a_struct(body: &[u8], span: Range<usize>, name: &'static str) -> ReadError {
+    let start = span.start;
+    let mut de = serde_json::Deserializer::from_slice(body.get(span).unwrap_or_default());
+    match ExpectStruct(name).deserialize(&mut de) {
+        Err(e) => serde_error(&e, body, start),
+        Ok(()) => ReadError {
+            syntax: false,
+            message: format!("expected struct {name}"),
+        },
+    }
+}
+
+/// Where a struct is read (its value starts at `start`):
+/// `Ok(None)` for null (the field is then `None`; the caller's `Members` steps over it),
+/// `Ok(Some(members))` for an object, serde_json's error for anything else.
+fn struct_members<'a>(
+    body: &'a [u8],
+    start: usize,
+    name: &'static str,
+) -> Read<Option<Members<'a>>> {
+    if body.get(start) == Some(&b'{') {
+        return Members::new(body, start)
+            .map(Some)
+            .map_err(scan_error(body));
+    }
+    let end = scan::skip_value(body, start).map_err(scan_error(body))?;
+    if body.get(start..end) == Some(b"null") {
+        return Ok(None);
+    }
+    Err(not_a_struct(body, start..end, name))
+}
+
+/// Which fields of a struct were seen (serde's derive refuses a field given twice).
+#[derive(Default)]
+struct Seen(u32);
+
+impl Seen {
+    fn all(&self, bits: &[u32]) -> bool {
+        bits.iter().all(|bit| self.0 & 1 << bit != 0)
+    }
+
+    fn once(&mut self, body: &[u8], bit: u32, name: &str, key_end: usize) -> Read<()> {
+        if self.0 & 1 << bit != 0 {
+            let (line, column) = scan::position(body, key_end);
+            return Err(ReadError {
+                syntax: false,
+                message: format!("duplicate field `{name}` at line {line} column {column}"),
+            });
+        }
+        self.0 |= 1 << bit;
+        Ok(())
+    }
+}
+
+/// What the top level of the body says.
+struct Review<'a> {
+    api_version: Option<Cow<'a, str>>,
+    kind: Option<Cow<'a, str>>,
+    request: Option<Box<RequestIn<'a>>>,
+    /// The first error in the objects (they are then not read): the review fails open.
+    object_error: Option<String>,
+}
+
+/// Read a review body: the decision's input, a review to fail open, or a 400.
+pub(super) fn parse(body: &[u8]) -> Parsed<'_> {
+    let review = match read_review(body) {
+        Ok(review) => review,
+        Err(e) => return Parsed::Bad(format!("body is not an AdmissionReview: {}", e.message)),
+    };
+    let uid = review.request.as_ref().and_then(|r| r.uid.as_deref());
+    if let Err(message) = check_envelope(review.api_version.as_deref(), review.kind.as_deref(), uid)
+    {
+        return Parsed::Bad(message);
+    }
+    let Some(request) = review.request else {
+        return Parsed::Bad("AdmissionReview has no request".to_string());
+    };
+    match review.object_error {
+        None => Parsed::Review(request),
+        Some(error) => Parsed::Unreadable {
+            uid: request.uid.as_deref().unwrap_or_default().to_string(),
+            resource: classify(request.kind.as_ref(), request.resource.as_ref()),
+            operation: request.operation.as_deref().unwrap_or_default().to_string(),
+            reason: describe_object(
+                request.name.as_deref(),
+                request.namespace.as_deref(),
+                &format!("object unreadable: {error}"),
+            ),
+        },
+    }
+}
+
+fn read_review(body: &[u8]) -> Read<Review<'_>> {
+    let start = scan::skip_ws(body, 0);
+    if body.get(start) != Some(&b'{') {
+        // Not an object: serde_json says what it is (or why it is not JSON).
+        return Err(not_a_struct(body, start..body.len(), "ReviewIn"));
+    }
+    let mut members = Members::new(body, start).map_err(scan_error(body))?;
+    let mut review = Review {
+        api_version: None,
+        kind: None,
+        request: None,
+        object_error: None,
+    };
+    let mut seen = Seen::default();
+    while let Some(member) = members.next_member().map_err(scan_error(body))? {
+        let mut once = |bit, name| seen.once(body, bit, name, member.key_end);
+        match member.key.as_ref() {
+            "apiVersion" => {
+                once(0, "apiVersion")?;
+                review.api_version = text(body, &mut members)?;
+            }
+            "kind" => {
+                once(1, "kind")?;
+                review.kind = text(body, &mut members)?;
+            }
+            "request" => {
+                once(2, "request")?;
+                review.request = read_request(
+                    body,
+                    &mut members,
+                    member.value_start,
+                    &mut review.object_error,
+                )?
+                .map(Box::new);
+            }
+            _ => {}
+        }
+    }
+    scan::expect_end(body, members.end()).map_err(scan_error(body))?;
+    Ok(review)
+}
+
+/// A data error in the objects is kept (the first one) and reading goes on; only the envelope
+/// decides between 400 and failing open.
+fn keep<T>(object_error: &mut Option<String>, read: Read<T>) -> Read<Option<T>> {
+    match read {
+        Ok(value) => Ok(Some(value)),
+        Err(e) if e.syntax => Err(e),
+        Err(e) => {
+            object_error.get_or_insert(e.message);
+            Ok(None)
+        }
+    }
+}
+
+/// `keep` for a value of the objects (starting at `start`) that could not be read: the full
+/// parse failed such a review open only if its fallback, which skipped the objects with
+/// serde_json's `IgnoredAny`, found the body to be JSON. So the value is checked the same way
+/// (error path only) and `members`, if given, continues past it.
+fn keep_value<'a, T>(
+    body: &'a [u8],
+    members: Option<&mut Members<'a>>,
+    start: usize,
+    object_error: &mut Option<String>,
+    read: Read<T>,
+) -> Read<Option<T>> {
+    match read {
+        Ok(value) => Ok(Some(value)),
+        Err(e) if e.syntax => Err(e),
+        Err(e) => {
+            let slice = body.get(start..).unwrap_or_default();
+            let mut values =
+                serde_json::Deserializer::from_slice(slice).into_iter::<serde::de::IgnoredAny>();
+            let end = match values.next() {
+                Some(Ok(_)) => start + values.byte_offset(),
+                Some(Err(json)) => {
+                    return Err(ReadError {
+                        syntax: true,
+                        ..serde_error(&json, body, start)
+                    });
+                }
+                None => return Err(scan_error(body)(ScanError::at(Code::EofValue, body.len()))),
+            };
+            if let Some(members) = members {
+                members.value_read(end);
+            }
+            object_error.get_or_insert(e.message);
+            Ok(None)
+        }
+    }
+}
+
+fn read_request<'a>(
+    body: &'a [u8],
+    parent: &mut Members<'a>,
+    start: usize,
+    object_error: &mut Option<String>,
+) -> Read<Option<RequestIn<'a>>> {
+    let Some(mut members) = struct_members(body, start, "RequestIn")? else {
+        return Ok(None);
+    };
+    let mut request = RequestIn::default();
+    let mut old_object = None;
+    let mut seen = Seen::default();
+    while let Some(member) = members.next_member().map_err(scan_error(body))? {
+        let key_end = member.key_end;
+        let kind_resource_object_known = seen.all(&[1, 2, 7]);
+        let mut once = |bit, name| seen.once(body, bit, name, key_end);
+        match member.key.as_ref() {
+            "uid" => {
+                once(0, "uid")?;
+                request.uid = text(body, &mut members)?;
+            }
+            "kind" => {
+                once(1, "kind")?;
+                request.kind = field::<Option<KindIn<'a>>>(body, &mut members)?;
+            }
+            "resource" => {
+                once(2, "resource")?;
+                request.resource = field::<Option<ResourceIn<'a>>>(body, &mut members)?;
+            }
+            "name" => {
+                once(3, "name")?;
+                request.name = text(body, &mut members)?;
+            }
+            "namespace" => {
+                once(4, "namespace")?;
+                request.namespace = text(body, &mut members)?;
+            }
+            "operation" => {
+                once(5, "operation")?;
+                request.operation = text(body, &mut members)?;
+            }
+            // Not part of the envelope: a bad value fails the review open.
+            "subResource" => {
+                keep(object_error, once(6, "subResource"))?;
+                let read = text(body, &mut members);
+                let value = keep_value(
+                    body,
+                    Some(&mut members),
+                    member.value_start,
+                    object_error,
+                    read,
+                )?;
+                request.sub_resource = value.flatten();
+            }
+            "object" => {
+                keep(object_error, once(7, "object"))?;
+                let read = read_object(body, &mut members);
+                let value = keep_value(
+                    body,
+                    Some(&mut members),
+                    member.value_start,
+                    object_error,
+                    read,
+                )?;
+                if let Some(object) = value {
+                    request.object = object;
+                }
+            }
+            "oldObject" => {
+                keep(object_error, once(8, "oldObject"))?;
+                // Skipped (only its end is found) unless the rule will need it, which the kind,
+                // the resource and the object tell. The API server writes them first; in any
+                // other order the decision waits for the end of the request.
+                if !kind_resource_object_known {
+                    let span = members.skip_value().map_err(scan_error(body))?;
+                    old_object = Some(span);
+                } else if object_error.is_none() && needs_stored_annotations(&request) {
+                    let read = read_old_object(body, member.value_start);
+                    let value = keep_value(
+                        body,
+                        Some(&mut members),
+                        member.value_start,
+                        object_error,
+                        read,
+                    )?;
+                    if let Some((old, end)) = value.flatten() {
+                        request.old_object = Some(old);
+                        members.value_read(end);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    parent.value_read(members.end());
+    if let Some(span) = old_object
+        && object_error.is_none()
+        && needs_stored_annotations(&request)
+    {
+        let read = read_old_object(body, span.start);
+        let value = keep_value(body, None, span.start, object_error, read)?;
+        request.old_object = value.flatten().map(|(old, _)| old);
+    }
+    Ok(Some(request))
+}
+
+/// The node rule reads the stored node's annotations only when the object carries neither
+/// overcommit annotation (`inflate::decide`).
+fn needs_stored_annotations(request: &RequestIn<'_>) -> bool {
+    let is_node =
+        classify(request.kind.as_ref(), request.resource.as_ref()) == ReviewResource::Node;
+    let annotations = request
+        .object
+        .as_ref()
+        .and_then(|o| o.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref());
+    is_node && request.object.is_some() && !inflate::carries_overcommit_annotations(annotations)
+}
+
+/// A struct of the objects, whose value starts at `start`: each member named in `fields` is
+/// read by `read_field(struct, name, members)` (the member's value is the current one of
+/// `members`), every other member is skipped, and a field given twice is refused as serde's
+/// derive refuses it. Null is `None`. Returns the struct and the index past it.
+fn read_struct<'a, T: Default>(
+    body: &'a [u8],
+    start: usize,
+    name: &'static str,
+    fields: &[&'static str],
+    mut read_field: impl FnMut(&mut T, &str, &mut Members<'a>) -> Read<()>,
+) -> Read<Option<(T, usize)>> {
+    let Some(mut members) = struct_members(body, start, name)? else {
+        return Ok(None);
+    };
+    let mut value = T::default();
+    let mut seen = Seen::default();
+    while let Some(member) = members.next_member().map_err(scan_error(body))? {
+        let Some(index) = fields.iter().position(|f| *f == member.key) else {
+            continue; // skipped
+        };
+        let field_name = fields[index];
+        seen.once(body, index as u32, field_name, member.key_end)?;
+        read_field(&mut value, field_name, &mut members)?;
+    }
+    Ok(Some((value, members.end())))
+}
+
+/// `read_struct` for the current member of `parent`, which then continues past it.
+fn read_member<'a, T: Default>(
+    body: &'a [u8],
+    parent: &mut Members<'a>,
+    name: &'static str,
+    fields: &[&'static str],
+    read_field: impl FnMut(&mut T, &str, &mut Members<'a>) -> Read<()>,
+) -> Read<Option<T>> {
+    let Some((value, end)) = read_struct(body, parent.value_start(), name, fields, read_field)?
+    else {
+        return Ok(None);
+    };
+    parent.value_read(end);
+    Ok(Some(value))
+}
+
+/// `object`: metadata and status walked, spec read whole (the pod rule needs its containers).
+/// After a data error the value is left to `parent`, which steps over it.
+fn read_object<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<ObjectIn<'a>>> {
+    let fields = &["metadata", "spec", "status"];
+    read_member(
+        body,
+        parent,
+        "ObjectIn",
+        fields,
+        |object: &mut ObjectIn<'a>, name, members| {
+            match name {
+                "metadata" => object.metadata = read_metadata(body, members)?,
+                "spec" => object.spec = field(body, members)?,
+                _ => object.status = read_status(body, members)?,
+            }
+            Ok(())
+        },
+    )
+}
+
+/// `metadata`: managedFields, ownerReferences, ... skipped.
+fn read_metadata<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<MetaIn<'a>>> {
+    let fields = &["namespace", "labels", "annotations"];
+    read_member(
+        body,
+        parent,
+        "MetaIn",
+        fields,
+        |metadata: &mut MetaIn<'a>, name, members| {
+            match name {
+                "namespace" => metadata.namespace = text(body, members)?,
+                "labels" => metadata.labels = field(body, members)?,
+                _ => metadata.annotations = field(body, members)?,
+            }
+            Ok(())
+        },
+    )
+}
+
+/// `status`: images, conditions, volumesAttached, ... skipped.
+fn read_status<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<NodeStatusIn<'a>>> {
+    let fields = &["allocatable", "capacity"];
+    read_member(
+        body,
+        parent,
+        "NodeStatusIn",
+        fields,
+        |status: &mut NodeStatusIn<'a>, name, members| {
+            match name {
+                "allocatable" => status.allocatable = field(body, members)?,
+                _ => status.capacity = field(body, members)?,
+            }
+            Ok(())
+        },
+    )
+}
+
+/// `oldObject.metadata.annotations`, from the oldObject whose first byte is at `start`; the
+/// index past it.
+fn read_old_object(body: &[u8], start: usize) -> Read<Option<(OldObjectIn<'_>, usize)>> {
+    read_struct(
+        body,
+        start,
+        "OldObjectIn",
+        &["metadata"],
+        |old: &mut OldObjectIn<'_>, _, members| {
+            old.metadata = read_member(
+                body,
+                members,
+                "OldMetaIn",
+                &["annotations"],
+                |metadata: &mut OldMetaIn<'_>, _, members| {
+                    metadata.annotations = field(body, members)?;
+                    Ok(())
+                },
+            )?;
+            Ok(())
+        },
+    )
+}
