@@ -295,7 +295,9 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
     probes = 100 if quick else 400
     # Listing the whole fleet (~45 KB per Node) is itself load: poll a big fleet less often.
     poll_s = max(3.0, nodes / 100)
-    results: dict = {"nodes": nodes, "window_s": window, "probes": probes, "update_s": update_s}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    results: dict = {"nodes": nodes, "window_s": window, "probes": probes, "update_s": update_s,
+                     "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit or "unknown"}
     cluster_started = False
     if subprocess.run([str(KCP), "kubectl", "get", "--raw", "/readyz"], capture_output=True).returncode != 0:
         subprocess.run([str(KCP), "up"], check=True)
@@ -380,12 +382,19 @@ def markdown(r: dict) -> list[str]:
     # Rates measured at update_s, as they would be at the kubelet's 10 s (the webhook-on rate is set
     # by the update frequency alone; the off rate by the report frequency, not scaled).
     scale = update_s / KUBELET_UPDATE_S
-    cadence = (f"status PATCH every {update_s} s when changed" if update_s == KUBELET_UPDATE_S else
-               f"status PATCH every {update_s} s when changed and lease renewal every {update_s} s, {scale:g}x slower than "
-               f"the kubelet's 10 s so that {r['nodes']} nodes put the write load of {r['nodes'] / scale:.0f} on this "
-               "2-core machine")
-    L = [f"{r['nodes']} fake kubelets (tests/cluster fake-nodes: 50 images each, {cadence}, "
-         f"else every {REPORT_FREQUENCY_S} s here, where the kubelet waits 5 min) on the local control plane; each webhook as a local process behind a Service "
+    L = []
+    if r.get("carried_over"):
+        L += [f"Carried over from the run of {r.get('measured_at', '?')} (commit {r.get('commit', '?')}): this run of the "
+              "server benchmarks skipped the API-server part (`bench.py run --skip-apiserver`).", ""]
+    elif r.get("measured_at"):
+        L += [f"Measured {r['measured_at']} at commit {r.get('commit', '?')}.", ""]
+    cadence = (f"status PATCH every {update_s} s when changed, else every {REPORT_FREQUENCY_S} s here, where the kubelet "
+               "waits 5 min")
+    if update_s != KUBELET_UPDATE_S:
+        cadence += (f"; status updates and lease renewals every {update_s} s, {scale:g}x slower than the kubelet's 10 s, "
+                    f"so that {r['nodes']} nodes put the write load of {r['nodes'] / scale:.0f} on this 2-core machine")
+    L += [f"{r['nodes']} fake kubelets (tests/cluster fake-nodes: 50 images each, {cadence}) on the local control plane; "
+         "each webhook as a local process behind a Service "
          "(failurePolicy Ignore, timeoutSeconds 2, UPDATE nodes/status and CREATE nodes). PATCH latency: "
          f"{r['probes']} sequential kubelet-style strategic-merge PATCHes of one more real-sized Node from a client on this machine. "
          f"Node writes: MODIFIED events of the fleet's Nodes in a {r['window_s']} s watch (each is a new resourceVersion in etcd).",

@@ -500,7 +500,12 @@ def cmd_run(args) -> int:
     files = ensure_payloads(args.regenerate)
     info = machine()
     info["oha"] = subprocess.run([oha, "--version"], capture_output=True, text=True).stdout.strip()
-    results = {"machine": info, "payloads": {}, "servers": {}, "apiserver": None}
+    previous = OUT / "results.json"
+    # --skip-apiserver keeps the API-server part of the previous run, marked as carried over.
+    kept = json.loads(previous.read_text()).get("apiserver") if args.skip_apiserver and previous.exists() else None
+    if kept:
+        kept["carried_over"] = True
+    results = {"machine": info, "payloads": {}, "servers": {}, "apiserver": kept}
     servers = [s for s in make_servers(bins, tls, max_seconds=3 * 3600) if not args.servers or s.name in args.servers.split(",")]
     try:
         start_all(servers, files, tls)
@@ -621,7 +626,8 @@ def main() -> int:
     r.add_argument("--status-update-frequency", type=int, default=int(os.environ.get("BENCH_STATUS_UPDATE", "0")),
                    help="fake kubelets' status update frequency in s (BENCH_STATUS_UPDATE; default 10 s per 250 nodes, "
                         "so 1,000 nodes at 40 s load a 2-core machine like 250 kubelets at their real 10 s)")
-    r.add_argument("--skip-apiserver", action="store_true")
+    r.add_argument("--skip-apiserver", action="store_true",
+                   help="leave out the API-server part (the previous run's, if any, is kept and marked as carried over)")
     r.add_argument("--servers", default="", help="comma-separated subset (development only)")
     r.add_argument("--no-build", action="store_true", help="use the binaries already built (development only)")
     s = sub.add_parser("smoke")

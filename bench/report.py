@@ -59,8 +59,12 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
                     f"{cap(p) / cap(fl) * 100:.0f}% ({cap(p):,.0f} vs {cap(fl):,.0f} req/s per core; Go {cap(g):,.0f}, "
                     f"so {cap(p) / cap(g):.1f}x Go)", cap(p) / cap(fl) >= 0.7))
         half = p["half_max"]
+        # The floor's own figure tells what the load generator and the machine allow at such rates.
+        fh = fl.get("half_max") or {}
+        floor_half = (f" (the floor at its half max: {fh['p99_ms']:.2f} ms at {fh['rps']:,.0f} req/s)"
+                      if fh.get("p99_ms") is not None else "")
         out.append(("p99 < 2 ms at half of max throughput (55 KB review)",
-                    f"{half['p99_ms']:.2f} ms at {half['rps']:,.0f} req/s", half["p99_ms"] < 2.0))
+                    f"{half['p99_ms']:.2f} ms at {half['rps']:,.0f} req/s{floor_half}", half["p99_ms"] < 2.0))
     except (KeyError, ZeroDivisionError, TypeError):
         out.append(("throughput and latency targets", "not measured", None))
     rss = prod.get("rss_128_conns_kib")
@@ -77,20 +81,20 @@ def profile_summary(r: dict) -> list[str]:
         return []
     top = {sym: pct for pct, sym in r["profile"]["top"]}
     json_pct = sum(v for k, v in top.items() if k.startswith(("serde_json", "<serde_json", "<serde_core", "serde_core")))
+    scan_pct = sum(v for k, v in top.items() if k.startswith("kube_overcommit::admission::"))
     alloc = sum(v for k, v in top.items() if k in ("malloc", "_int_free", "realloc", "_int_malloc", "__memmove_avx512_unaligned_erms"))
     aes = sum(v for k, v in top.items() if "aes_gcm" in k)
     p, f, g = cpu[PRODUCT], cpu[FLOOR], cpu[GO]
     return [
         f"Per 55 KB review kube-overcommit uses {p:.1f} µs of CPU, the floor {f:.1f} µs, go-webhook {g:.0f} µs (closed-loop CPU "
-        f"per request). JSON scanning in serde_json (skip_to_escape, IgnoredAny::deserialize, ignore_str, parse_str, "
-        f"ignore_integer) is {json_pct:.1f}% of kube-overcommit's samples, about {json_pct / 100 * p:.1f} µs per review, against "
-        f"{p - f:.1f} µs above the floor. AES-GCM decryption is {aes:.1f}% (~{aes / 100 * p:.1f} µs, the same absolute cost as "
-        f"in the floor); allocation and copies (malloc, free, realloc, memmove) {alloc:.1f}% (~{alloc / 100 * p:.1f} µs).",
+        f"per request), {p - f:.1f} µs above the floor. Reading the review: the scanning reader (`kube_overcommit::admission::` "
+        f"symbols: stepping over what the rules do not read) is {scan_pct:.1f}% of kube-overcommit's samples (~{scan_pct / 100 * p:.1f} µs), "
+        f"serde_json (the fields the rules read) {json_pct:.1f}% (~{json_pct / 100 * p:.1f} µs). AES-GCM decryption is {aes:.1f}% "
+        f"(~{aes / 100 * p:.1f} µs, the same absolute cost as in the floor); allocation and copies (malloc, free, realloc, memmove) "
+        f"{alloc:.1f}% (~{alloc / 100 * p:.1f} µs).",
         "",
-        "The call graph (`bench.py profile --dwarf`) shows IgnoredAny reached both from the object's status (the image list) "
-        "and from `admission::OldObjectIn`: the whole oldObject, half of the body, is walked token by token to read its "
-        "annotations, which the node rule uses only when the object carries none. Proposal with expected gains: "
-        "bench/proposals/admission-parse.md.",
+        "How the reader got here (serde_json's walk of both whole Nodes replaced by a scan that reads only the fields the "
+        "rules use), with instruction counts per review before and after: bench/proposals/admission-parse.md.",
     ]
 
 
