@@ -6,7 +6,9 @@
 //! - the reference fails open or answers 400: the reader does the same (same body), unless the
 //!   damage lies inside a value the reader skips (`read.rs` lists what that tolerates); then the
 //!   reader's answer is the undamaged review's answer, or an answer without a patch, or 400:
-//!   never another patch.
+//!   never another patch;
+//! - damage in the unread tail (from `oldObject` on, when a node review's decision needs nothing
+//!   there: `read.rs`): the reader's answer is the undamaged review's, byte for byte.
 
 use std::ops::Range;
 
@@ -197,9 +199,17 @@ impl Writer<'_> {
                         members.swap(i, self.rng.below(i + 1));
                     }
                 }
+                // Before `request` and `oldObject`: the reader may stop reading there (the
+                // unread tail, `read.rs`), so a second copy after them would go unseen.
+                let stop = members
+                    .iter()
+                    .position(|(key, _)| *key == "request" || *key == "oldObject")
+                    .unwrap_or(members.len());
                 if self.duplicates && !in_old_object && !members.is_empty() && self.rng.one_in(8) {
                     let again = members[self.rng.below(members.len())];
-                    members.insert(self.rng.below(members.len() + 1), again);
+                    if again.0 != "request" && again.0 != "oldObject" {
+                        members.insert(self.rng.below(stop + 1), again);
+                    }
                 }
                 out.push(b'{');
                 self.ws(out);
@@ -557,6 +567,7 @@ struct Tally {
     identical_200: usize,
     both_400: usize,
     tolerated: usize,
+    unread_tail: usize,
 }
 
 /// One damaged body: identical answers, or a tolerated difference inside a skipped value.
@@ -564,7 +575,7 @@ fn check_damaged(
     what: &str,
     body: &[u8],
     damage: Range<usize>,
-    skipped: &[Range<usize>],
+    (skipped, unread_from): (&[Range<usize>], Option<usize>),
     undamaged: &Answer,
     set: &PolicySet,
     tally: &mut Tally,
@@ -586,6 +597,16 @@ fn check_damaged(
         } else {
             tally.identical_200 += 1;
         }
+        return;
+    }
+    if unread_from.is_some_and(|from| damage.start >= from) {
+        tally.unread_tail += 1;
+        assert!(
+            new.status == undamaged.status
+                && new.body == undamaged.body
+                && new.outcome == undamaged.outcome,
+            "{what}: damage at {damage:?} in the unread tail changed the answer\nundamaged {undamaged:?}\nnew {new:?}"
+        );
         return;
     }
     tally.tolerated += 1;
@@ -630,7 +651,7 @@ fn a_damaged_quote_in_a_skipped_value_is_refused() {
 }
 
 #[test]
-fn truncated_reviews_are_refused_at_every_length() {
+fn truncated_reviews_are_refused_at_every_length_before_the_unread_tail() {
     let set = &policy_sets()[0].1;
     for (name, bytes) in FIXTURES.iter().filter(|(_, b)| b.len() < 10_000) {
         let json_end = bytes.len()
@@ -639,15 +660,23 @@ fn truncated_reviews_are_refused_at_every_length() {
                 .rev()
                 .take_while(|b| b.is_ascii_whitespace())
                 .count();
+        // Cut in the unread tail (`read.rs`: past the first byte of oldObject's value), the
+        // reader answers as the whole review.
+        let unread_from = read::unread_from(bytes).unwrap_or(json_end);
+        let whole = new_answer(bytes, set);
         for end in 0..bytes.len() {
             let new = new_answer(&bytes[..end], set);
             let expected = if end < json_end { 400 } else { 200 };
-            assert_eq!(new.status, expected, "{name} cut at {end}");
             assert_eq!(
                 reference_answer(&bytes[..end], set).status,
                 expected,
                 "{name} cut at {end}"
             );
+            if end > unread_from {
+                assert_eq!(new, whole, "{name} cut at {end}");
+            } else {
+                assert_eq!(new.status, expected, "{name} cut at {end}");
+            }
         }
     }
 }
@@ -666,6 +695,7 @@ fn damaged_reviews_answer_as_serde_json_or_within_the_tolerance() {
     for (name, bytes) in FIXTURES.iter().cycle().take(FIXTURES.len() * rounds) {
         let skipped = skipped_spans(bytes);
         assert!(!skipped.is_empty(), "{name}");
+        let unread = read::unread_from(bytes);
         // Every position of the small reviews, a sample of the large ones.
         let positions: Vec<usize> = if bytes.len() < 10_000 {
             (0..bytes.len()).collect()
@@ -695,7 +725,7 @@ fn damaged_reviews_answer_as_serde_json_or_within_the_tolerance() {
                 &what,
                 &body,
                 at..at + 1,
-                &skipped,
+                (&skipped, unread),
                 &undamaged,
                 set,
                 &mut tally,
@@ -705,7 +735,81 @@ fn damaged_reviews_answer_as_serde_json_or_within_the_tolerance() {
     eprintln!("damaged reviews: {tally:?}");
     // Both kinds of damage are exercised: most is refused, some lands in skipped values.
     assert!(
-        tally.both_400 > 1000 && tally.identical_200 > 100,
+        tally.both_400 > 1000 && tally.identical_200 > 100 && tally.unread_tail > 100,
         "{tally:?}"
     );
+}
+
+#[test]
+fn the_tail_after_what_the_decision_needs_is_not_read() {
+    // A node status review whose object carries the overcommit annotations: reading stops at
+    // `oldObject`; a duplicate of a read field, damage or truncation after it is not seen
+    // (the documented tolerance). Without the annotations (the fallback reads oldObject) and
+    // before the stop, the reader answers as serde_json does.
+    let set = &policy_sets()[0].1;
+    let body = FIXTURES[0].1;
+    let text = String::from_utf8_lossy(body).into_owned();
+    let undamaged = assert_identical("original", body, set);
+    assert_eq!(undamaged.outcome, Outcome::Patched);
+    let Some(from) = read::unread_from(body) else {
+        panic!("reading does not stop early")
+    };
+    let old_object = text.find("\"oldObject\":").unwrap_or_default();
+    assert!(old_object > 0 && from > old_object && from < old_object + 14);
+    let dry_run = "\"dryRun\":";
+    assert!(text.find(dry_run).is_some_and(|at| at > from));
+
+    // (name, body, whether serde_json answers it differently)
+    let tails = [
+        (
+            "uid again",
+            text.replacen(dry_run, "\"uid\":\"other\",\"dryRun\":", 1),
+            true,
+        ),
+        (
+            "request again",
+            format!(
+                "{},\"request\":null}}",
+                text.trim_end().trim_end_matches('}')
+            ),
+            true,
+        ),
+        (
+            "namespace after oldObject (a node has none; only logs would show it)",
+            text.replacen(dry_run, "\"namespace\":\"ns\",\"dryRun\":", 1),
+            false,
+        ),
+        ("cut in oldObject", text[..from + 1000].to_string(), true),
+        (
+            "cut after its first byte",
+            text[..from + 1].to_string(),
+            true,
+        ),
+        ("garbage after", format!("{}}}]x", text.trim_end()), true),
+    ];
+    for (name, tail, differs) in &tails {
+        let new = new_answer(tail.as_bytes(), set);
+        assert_eq!(new, undamaged, "{name}");
+        assert_eq!(
+            reference_answer(tail.as_bytes(), set) != undamaged,
+            *differs,
+            "{name}"
+        );
+    }
+    // The value itself must begin: a body cut right before it is refused.
+    assert_eq!(new_answer(&body[..from], set).status, 400);
+
+    // Before the stop, a duplicate is still refused as serde_json refuses it.
+    let early = text.replacen("\"operation\":", "\"uid\":\"x\",\"operation\":", 1);
+    let answer = assert_identical("uid before oldObject", early.as_bytes(), set);
+    assert_eq!(answer.status, 400);
+
+    // The fallback (no overcommit annotation on the object) reads oldObject and the tail.
+    let mut review = json(body);
+    review["request"]["object"]["metadata"]["annotations"] = json!({});
+    let fallback = serde_json::to_string(&review).unwrap_or_default();
+    assert_eq!(read::unread_from(fallback.as_bytes()), None);
+    let dup = fallback.replacen(dry_run, "\"uid\":\"other\",\"dryRun\":", 1);
+    let answer = assert_identical("fallback, uid again", dup.as_bytes(), set);
+    assert_eq!(answer.status, 400);
 }

@@ -1,6 +1,7 @@
 //! Reading a review from the request body: the fields the rules use are deserialised by
 //! serde_json from their own slices of the body; everything else is stepped over by `scan`,
-//! without building or visiting it token by token. `oldObject` is read (its
+//! without building or visiting it token by token, and what comes after the last field a node
+//! status review's decision needs is not read at all (the unread tail, below). `oldObject` is read (its
 //! `metadata.annotations` only) when the node rule needs the stored annotations: a node review
 //! whose object carries neither overcommit annotation.
 //!
@@ -43,6 +44,26 @@
 //!   the small fixtures and samples the large ones (`ADMISSION_DAMAGE_ROUNDS=100`: 3.3 million
 //!   damaged reviews) and finds every answer either serde_json's, or, for damage inside a
 //!   skipped value, the undamaged answer, an answer without a patch, or 400.
+//! - **The unread tail.** The API server writes the request's fields in Go struct order: `uid
+//!   kind resource subResource ... name namespace operation userInfo object oldObject dryRun
+//!   options`. When the envelope's `apiVersion` and `kind`, and the request's `uid kind
+//!   resource subResource name operation object` have been read, the object was read without
+//!   error, the review is a node's and the object carries an overcommit annotation (so the rule
+//!   does not need the stored annotations), reading stops at the first byte of `oldObject`'s
+//!   value: half of a status review is not even scanned. From that byte on, nothing is
+//!   checked, and the answer is the one of the fields read so far:
+//!   - a second copy of a read field (`uid`, `request`, `apiVersion`, ...) after that point is
+//!     not seen (the full parse refused it: 400, or failed open inside `request`);
+//!   - `namespace` given only after that point is not seen (a node has none: the API server
+//!     omits it; it would only appear in log reasons);
+//!   - a body cut, or damaged, after that point is not refused (the full parse answered 400).
+//!     hyper reads exactly `Content-Length` bytes, so a cut body can only come from a broken
+//!     client, and the first byte of the value must have arrived.
+//!
+//!   Nothing unread reaches the decision or the patch: the answer is byte for byte the one of
+//!   the undamaged review (`equivalence.rs` checks it for every damage and cut in the tail).
+//!   In any other order (fields the decision needs after `oldObject`, pod reviews, node
+//!   reviews without the annotations, a data error in the object) the whole body is read.
 //! - **No array form of structs.** serde's derive also accepts a struct written as a JSON array
 //!   of its fields in order (`["admission.k8s.io/v1","AdmissionReview",{...}]`); this reader
 //!   wants objects at the walked levels (400 for the envelope, fail open for the object).
@@ -232,6 +253,15 @@ struct Review<'a> {
     request: Option<Box<RequestIn<'a>>>,
     /// The first error in the objects (they are then not read): the review fails open.
     object_error: Option<String>,
+    /// Where reading stopped because the decision needed nothing more (the value of
+    /// `oldObject`); the bytes from here on were not read.
+    unread_from: Option<usize>,
+}
+
+/// Where `parse` stops reading `body` (the tolerance of the unread tail), if it stops early.
+#[cfg(test)]
+pub(super) fn unread_from(body: &[u8]) -> Option<usize> {
+    read_review(body).ok().and_then(|review| review.unread_from)
 }
 
 /// Read a review body: the decision's input, a review to fail open, or a 400.
@@ -275,9 +305,11 @@ fn read_review(body: &[u8]) -> Read<Review<'_>> {
         kind: None,
         request: None,
         object_error: None,
+        unread_from: None,
     };
     let mut seen = Seen::default();
     while let Some(member) = members.next_member().map_err(scan_error(body))? {
+        let envelope_known = seen.all(&[0, 1]);
         let mut once = |bit, name| seen.once(body, bit, name, member.key_end);
         match member.key.as_ref() {
             "apiVersion" => {
@@ -294,9 +326,13 @@ fn read_review(body: &[u8]) -> Read<Review<'_>> {
                     body,
                     &mut members,
                     member.value_start,
+                    envelope_known.then_some(&mut review.unread_from),
                     &mut review.object_error,
                 )?
                 .map(Box::new);
+                if review.unread_from.is_some() {
+                    return Ok(review);
+                }
             }
             _ => {}
         }
@@ -355,10 +391,13 @@ fn keep_value<'a, T>(
     }
 }
 
+/// `unread_from` is given when the envelope's fields have been read: reading may then stop at
+/// `oldObject` (set to where its value starts) if the decision needs nothing after it.
 fn read_request<'a>(
     body: &'a [u8],
     parent: &mut Members<'a>,
     start: usize,
+    mut unread_from: Option<&mut Option<usize>>,
     object_error: &mut Option<String>,
 ) -> Read<Option<RequestIn<'a>>> {
     let Some(mut members) = struct_members(body, start, "RequestIn")? else {
@@ -370,6 +409,9 @@ fn read_request<'a>(
     while let Some(member) = members.next_member().map_err(scan_error(body))? {
         let key_end = member.key_end;
         let kind_resource_object_known = seen.all(&[1, 2, 7]);
+        // Everything a node review's decision and answer use (a node has no namespace: the
+        // API server omits it), and no oldObject yet (a second one is refused as before).
+        let node_fields_known = seen.all(&[0, 1, 2, 3, 5, 6, 7]) && !seen.all(&[8]);
         let mut once = |bit, name| seen.once(body, bit, name, key_end);
         match member.key.as_ref() {
             "uid" => {
@@ -424,6 +466,18 @@ fn read_request<'a>(
                 }
             }
             "oldObject" => {
+                // The API server writes oldObject after every field the rules read: when the
+                // stored annotations are not needed, the rest of the body is not read at all.
+                if node_fields_known
+                    && object_error.is_none()
+                    && !needs_stored_annotations(&request)
+                    && classify(request.kind.as_ref(), request.resource.as_ref())
+                        == ReviewResource::Node
+                    && let Some(unread_from) = unread_from.as_mut()
+                {
+                    **unread_from = Some(member.value_start);
+                    return Ok(Some(request));
+                }
                 keep(object_error, once(8, "oldObject"))?;
                 // Skipped (only its end is found) unless the rule will need it, which the kind,
                 // the resource and the object tell. The API server writes them first; in any
