@@ -29,6 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from equivalence import quantity  # noqa: E402
+from gen_payloads import wait_for  # noqa: E402  (one poll-until helper for the bench scripts)
 
 ROOT = HERE.parent
 OUT = HERE / "out"
@@ -116,20 +117,6 @@ class Api:
         if status != 200:
             raise RuntimeError(f"GET {path}: HTTP {status}: {body[:300]!r}")
         return json.loads(body)
-
-
-def wait_for(what, fn, timeout=120.0, interval=0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception as e:  # noqa: BLE001 - reported on timeout
-            last = e
-        time.sleep(interval)
-    raise TimeoutError(f"timed out waiting for {what}" + (f": {last}" if last else ""))
 
 
 def webhook_config(ca_pem: bytes, path: str = "/mutate") -> dict:
