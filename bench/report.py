@@ -20,8 +20,14 @@ METHOD_NOTES = [
     "CPU-per-request figures do not depend on it.",
     "Closed loop: oha has one core (--worker-threads 1) and must encrypt every request body; at 55 KB and more it, "
     "not the server, is the bottleneck (server CPU share column). Compare servers by CPU per request for capacity.",
-    "Fixed rates: each step opens 8 new TLS connections; their handshakes fall inside the step (<0.5% of its "
-    "requests) and show in p99.9, not p99.",
+    "Fixed rates: each step opens 8 new TLS connections. oha schedules requests from the step's start, so with "
+    "--latency-correction every request scheduled before the connections are up (~20 ms) counts that wait: in a 4 s "
+    "step at 12k req/s that was ~0.8% of the requests, most of the whole step's p99. The API server keeps its "
+    "webhook connections open, so p50/p99/p99.9 are those of the requests oha scheduled after the step's first "
+    "0.5 s (its per-request records, --db-url); the whole step's p99 is the next column. Two things left in the "
+    "steady state come from the generator and the machine, not the servers: oha stamps requests when its timer "
+    "wakes (about every 1-1.6 ms), so they leave in bursts, and a process outside the benchmark takes a CPU for "
+    "~2.5 ms about once a second.",
     "Equivalence: before timing, kube-overcommit's and go-webhook's JSON patches were applied to each review's object "
     "and the resulting allocatable, capacity, overcommit annotations (by value) and container requests compared; "
     "each server's output was also fed back to itself and had to come back unchanged.",
@@ -63,8 +69,10 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
         fh = fl.get("half_max") or {}
         floor_half = (f" (the floor at its half max: {fh['p99_ms']:.2f} ms at {fh['rps']:,.0f} req/s)"
                       if fh.get("p99_ms") is not None else "")
+        whole = (f"; whole step with its connection start-up {half['whole_p99_ms']:.2f} ms"
+                 if half.get("whole_p99_ms") is not None else "")
         out.append(("p99 < 2 ms at half of max throughput (55 KB review)",
-                    f"{half['p99_ms']:.2f} ms at {half['rps']:,.0f} req/s{floor_half}", half["p99_ms"] < 2.0))
+                    f"{half['p99_ms']:.2f} ms at {half['rps']:,.0f} req/s{whole}{floor_half}", half["p99_ms"] < 2.0))
     except (KeyError, ZeroDivisionError, TypeError):
         out.append(("throughput and latency targets", "not measured", None))
     rss = prod.get("rss_128_conns_kib")
@@ -156,10 +164,11 @@ def render(results: dict) -> str:
         except (KeyError, ZeroDivisionError):
             L.append("")
         L.append("Fixed rates, as fractions of each server's own maximum (oha -q with --latency-correction, so "
-                 "queueing counts; 8 keep-alive connections; stepping stops once p99 passes 5 ms). "
-                 "The 50% row is the \"p99 at half of maximum\" figure:\n")
-        L.append("| server | % of max | target req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | CPU s / 1,000 req |")
-        L.append("|---|---|---|---|---|---|---|---|")
+                 "queueing counts; 8 keep-alive connections; stepping stops once p99 passes 5 ms). Latencies of the "
+                 "steady state (requests scheduled after the step's first 0.5 s), and the whole step's p99 beside "
+                 "them. The 50% row is the \"p99 at half of maximum\" figure:\n")
+        L.append("| server | % of max | target req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | p99 whole step ms | CPU s / 1,000 req |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
         for name, s in servers.items():
             pr = s["payloads"].get(payload)
             if not pr:
@@ -169,7 +178,8 @@ def render(results: dict) -> str:
                 if r.get("fraction") == 0.5:
                     p99 = f"**{p99}** (other try {_f(r.get('other_try_p99_ms'))})"
                 L.append(f"| {name} | {r.get('fraction', 0) * 100:.0f}% | {_f(r['target_rate'], 0)} | {_f(r['rps'], 0)} | "
-                         f"{_f(r['p50_ms'])} | {p99} | {_f(r['p999_ms'])} | {_f(r['cpu_s_per_1k'], 4)} |")
+                         f"{_f(r['p50_ms'])} | {p99} | {_f(r['p999_ms'])} | {_f(r.get('whole_p99_ms'))} | "
+                         f"{_f(r['cpu_s_per_1k'], 4)} |")
         L.append("")
     if servers:
         L.append("## Memory\n")
