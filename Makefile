@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 CARGO ?= cargo
 
-.PHONY: build release test test-unit test-e2e test-e2e-leader test-e2e-leader-long demo bench bench-smoke cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint image-check
+.PHONY: build release test test-unit test-e2e test-e2e-leader test-e2e-leader-long demo bench bench-smoke bench-flamegraph cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint image-check
 
 build:
 	$(CARGO) build --locked
@@ -105,6 +105,11 @@ bench:
 
 bench-smoke:
 	python3 bench/bench.py smoke
+
+# A flame graph of kube-overcommit serving the 55 KB node review (perf with DWARF call graphs,
+# inferno from crates.io): bench/out/flamegraph-kube-overcommit-node-55k.svg.
+bench-flamegraph:
+	python3 bench/bench.py profile --flamegraph
 
 # The Dockerfile's promises without a container engine: a static musl build that serves a review
 # from an empty root directory as user 65532 (deploy/image-check.sh; needs root for chroot).

@@ -123,6 +123,20 @@ def ensure_oha() -> Path:
     return oha
 
 
+def ensure_inferno() -> Path:
+    """inferno's perf-script folder and flame graph renderer (crates.io), for `profile --flamegraph`."""
+    root = CACHE / "inferno"
+    tools = root / "bin"
+    if (tools / "inferno-flamegraph").exists() and (tools / "inferno-collapse-perf").exists():
+        return tools
+    log("installing inferno from crates.io into " + str(root) + " (one time, a few minutes)")
+    env = dict(os.environ, CARGO_TARGET_DIR=str(CACHE / "inferno-target"))
+    if shutil.which("sccache"):
+        env.setdefault("RUSTC_WRAPPER", "sccache")
+    run(["cargo", "install", "--locked", "--root", root, "inferno"], env=env)
+    return tools
+
+
 def make_certs(tls: Path) -> None:
     """A CA (ECDSA P-256, as the product's leader makes) and a leaf for 127.0.0.1 signed by it."""
     if (tls / "tls.crt").exists() and (tls / "tls.key").exists() and (tls / "ca.crt").exists():
@@ -595,6 +609,8 @@ def cmd_profile(args) -> int:
     """perf record one server under closed-loop load with one payload; print the hottest symbols."""
     bins = build(getattr(args, "no_build", False))
     oha = ensure_oha()
+    flamegraph = getattr(args, "flamegraph", False)
+    inferno = ensure_inferno() if flamegraph else None
     tls = OUT / "tls"
     make_certs(tls)
     files = payload_files()
@@ -606,7 +622,8 @@ def cmd_profile(args) -> int:
     try:
         start_all([s], {args.payload: files[args.payload]}, tls)
         load(oha, s, args.payload, files[args.payload], tls, conns=16, seconds=1)
-        graph = ["--call-graph", "dwarf,16384"] if args.dwarf else []  # flat self time by default
+        # Flat self time by default; call graphs from DWARF (the release profile keeps debuginfo).
+        graph = ["--call-graph", "dwarf,16384"] if args.dwarf or flamegraph else []
         rec = subprocess.Popen(["perf", "record", "-F", "1999", *graph,
                                 "-o", str(data), "-p", str(s.proc.pid), "--", "sleep", str(args.seconds)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -615,11 +632,20 @@ def cmd_profile(args) -> int:
         log(f"{s.name} {args.payload}: {r['rps']:.0f} req/s during the profile")
     finally:
         s.stop()
+    if flamegraph:
+        svg = OUT / f"flamegraph-{s.name}-{args.payload}.svg"
+        script = subprocess.run(["perf", "script", "-i", str(data)], capture_output=True, check=True).stdout
+        folded = subprocess.run([str(inferno / "inferno-collapse-perf")], input=script, capture_output=True,
+                                check=True).stdout
+        title = f"{s.name}, {args.payload}, {r['rps']:.0f} req/s (perf record -F 1999, DWARF call graphs)"
+        svg.write_bytes(subprocess.run([str(inferno / "inferno-flamegraph"), "--title", title], input=folded,
+                                       capture_output=True, check=True).stdout)
+        log(f"wrote {svg}")
     report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "symbol", "--stdio",
                              "--percent-limit", "0.7", *(["-g", "caller,0.5,callee,function,percent"] if args.dwarf else [])], capture_output=True, text=True).stdout
     out = OUT / f"profile-{s.name}-{args.payload}.txt"
     out.write_text(report)
-    if not args.dwarf and s.name == "kube-overcommit" and (OUT / "results.json").exists():
+    if not (args.dwarf or flamegraph) and s.name == "kube-overcommit" and (OUT / "results.json").exists():
         import re
         top = []
         for line in report.splitlines():
@@ -690,6 +716,8 @@ def main() -> int:
     pr.add_argument("--payload", default="node-55k")
     pr.add_argument("--seconds", type=int, default=10)
     pr.add_argument("--dwarf", action="store_true", help="DWARF call graphs (bigger, slower)")
+    pr.add_argument("--flamegraph", action="store_true",
+                    help="also write bench/out/flamegraph-SERVER-PAYLOAD.svg (DWARF call graphs; installs inferno)")
     args = ap.parse_args()
     return {"run": cmd_run, "smoke": cmd_smoke, "report": cmd_report, "profile": cmd_profile,
             "apiserver": cmd_apiserver}[args.cmd](args)

@@ -200,7 +200,8 @@ def render(results: dict) -> str:
     if prof:
         L.append("## Where kube-overcommit spends its CPU (55 KB review)\n")
         L.append(f"`bench/bench.py profile` (perf record -F 1999, flat self time, {prof['rps']:,.0f} req/s during the profile). "
-                 "Symbols over 0.7%; kernel symbols marked [k]:\n")
+                 "Symbols over 0.7%; kernel symbols marked [k]. With call graphs, as a flame graph: "
+                 "`make bench-flamegraph` (bench/out/flamegraph-kube-overcommit-node-55k.svg):\n")
         L.append("| self % | symbol |")
         L.append("|---|---|")
         for pct, sym in prof["top"]:
