@@ -93,19 +93,19 @@ pub struct Handled {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct RequestIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     uid: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     kind: Option<KindIn<'a>>,
     #[serde(borrow, default)]
     resource: Option<ResourceIn<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     sub_resource: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     namespace: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     operation: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     object: Option<ObjectIn<'a>>,
@@ -115,17 +115,17 @@ struct RequestIn<'a> {
 
 #[derive(Deserialize, Default)]
 struct KindIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     group: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     kind: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize, Default)]
 struct ResourceIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     group: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     resource: Option<Cow<'a, str>>,
 }
 
@@ -148,25 +148,25 @@ struct OldObjectIn<'a> {
 
 #[derive(Deserialize, Default)]
 struct MetaIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     namespace: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     labels: Option<StrMap<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     annotations: Option<StrMap<'a>>,
 }
 
 #[derive(Deserialize, Default)]
 struct OldMetaIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     annotations: Option<StrMap<'a>>,
 }
 
 #[derive(Deserialize, Default)]
 struct NodeStatusIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     allocatable: Option<StrMap<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     capacity: Option<StrMap<'a>>,
 }
 

@@ -45,7 +45,7 @@ pub struct PodSpecIn<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ContainerIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     pub name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub resources: Option<ResourcesIn<'a>>,
@@ -53,9 +53,9 @@ pub struct ContainerIn<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourcesIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     pub requests: Option<StrMap<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     pub limits: Option<StrMap<'a>>,
 }
 
