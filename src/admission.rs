@@ -25,7 +25,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::inflate::{self, NodeDecision, NodeView, StrMap};
+use crate::inflate::{self, Account, NodeDecision, NodeView, StrMap};
 use crate::patch::{self, PatchOp};
 use crate::pods::{self, PodDecision, PodSpecIn};
 use crate::policy::PolicySet;
@@ -285,7 +285,7 @@ fn respond(
     let resource = classify(request.kind.as_ref(), request.resource.as_ref());
     let operation = request.operation.as_deref().unwrap_or_default().to_string();
     let decided = catch_unwind(AssertUnwindSafe(|| {
-        decide_request(&request, resource, policies, settings)
+        decide_request(&request, resource, policies, settings, Account::PatchOnly)
     }));
     let decision = match decided {
         Ok(Ok(decision)) => decision,
@@ -328,7 +328,7 @@ pub fn explain(body: &[u8], policies: &PolicySet, settings: &Settings) -> Result
     match read::parse(body) {
         Parsed::Review(request) => {
             let resource = classify(request.kind.as_ref(), request.resource.as_ref());
-            decide_request(&request, resource, policies, settings)
+            decide_request(&request, resource, policies, settings, Account::Full)
                 .map_err(|e| describe(&request, &e))
         }
         Parsed::Unreadable { reason, .. } => Err(reason),
@@ -384,11 +384,13 @@ fn classify(kind: Option<&KindIn<'_>>, resource: Option<&ResourceIn<'_>>) -> Rev
     }
 }
 
+/// `account`: whether to keep the rules' per-resource account (for `explain`), beyond the patch.
 fn decide_request(
     request: &RequestIn<'_>,
     resource: ReviewResource,
     policies: &PolicySet,
     settings: &Settings,
+    account: Account,
 ) -> Result<Decision, String> {
     let operation = request.operation.as_deref().unwrap_or_default();
     let sub_resource = request.sub_resource.as_deref().unwrap_or_default();
@@ -408,7 +410,7 @@ fn decide_request(
                 annotations: Some(annotations),
                 ..NodeView::default()
             });
-            inflate::decide(&node, stored.as_ref(), policies)
+            inflate::decide_with(&node, stored.as_ref(), policies, account)
                 .map(Decision::Node)
                 .map_err(|e| e.to_string())
         }

@@ -36,8 +36,14 @@ impl PatchOp {
 /// A JSON Pointer from unescaped segments: `~` becomes `~0` and `/` becomes `~1`, so
 /// `["metadata", "annotations", "overcommit.dev/applied"]` is
 /// `/metadata/annotations/overcommit.dev~1applied`.
-pub fn pointer<'a>(segments: impl IntoIterator<Item = &'a str>) -> String {
-    let mut out = String::new();
+pub fn pointer<'a, S>(segments: S) -> String
+where
+    S: IntoIterator<Item = &'a str>,
+    S::IntoIter: Clone,
+{
+    let segments = segments.into_iter();
+    // One allocation: the length without escapes (each escape adds a byte).
+    let mut out = String::with_capacity(segments.clone().map(|s| s.len() + 1).sum());
     for segment in segments {
         out.push('/');
         for c in segment.chars() {
