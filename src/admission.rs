@@ -172,6 +172,8 @@ struct NodeStatusIn<'a> {
 
 // ---- what is written back ---------------------------------------------------------------------
 
+/// The answer, as `review_body` writes it (the serde form, for its tests).
+#[cfg(test)]
 #[derive(Serialize)]
 struct ReviewOut<'a> {
     #[serde(rename = "apiVersion")]
@@ -180,6 +182,7 @@ struct ReviewOut<'a> {
     response: ResponseOut<'a>,
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ResponseOut<'a> {
@@ -307,13 +310,10 @@ fn respond(
         );
     }
     match patch::to_json(ops) {
-        Ok(json) => {
-            let encoded = base64::engine::general_purpose::STANDARD.encode(json);
-            (
-                answer(uid, resource, operation, Some(encoded), Outcome::Patched),
-                None,
-            )
-        }
+        Ok(json) => (
+            answer(uid, resource, operation, Some(&json), Outcome::Patched),
+            None,
+        ),
         Err(e) => fail_open(
             uid,
             resource,
@@ -467,39 +467,62 @@ fn describe_object(name: Option<&str>, namespace: Option<&str>, reason: &str) ->
     }
 }
 
+/// The body of an answer: what serde_json writes for `ReviewOut`, written straight into one
+/// buffer of the right size (the patch is base64-encoded in place).
 fn answer(
     uid: &str,
     resource: ReviewResource,
     operation: String,
-    patch: Option<String>,
+    patch: Option<&[u8]>,
     outcome: Outcome,
 ) -> Handled {
-    let review = ReviewOut {
-        api_version: REVIEW_API_VERSION,
-        kind: "AdmissionReview",
-        response: ResponseOut {
-            uid,
-            allowed: true,
-            patch_type: patch.as_ref().map(|_| "JSONPatch"),
-            patch,
-        },
-    };
-    // Serialising these plain structs cannot fail; if it ever did, the fallback is still an
-    // allowed answer for this uid.
-    let body = serde_json::to_vec(&review).unwrap_or_else(|_| {
-        format!(
-            r#"{{"apiVersion":"{REVIEW_API_VERSION}","kind":"AdmissionReview","response":{{"uid":{},"allowed":true}}}}"#,
-            serde_json::Value::String(uid.to_string())
-        )
-        .into_bytes()
-    });
     Handled {
         status: 200,
-        body,
+        body: review_body(uid, patch),
         resource,
         operation,
         outcome,
     }
+}
+
+fn review_body(uid: &str, patch: Option<&[u8]>) -> Vec<u8> {
+    const HEAD: &str =
+        r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
+    const ALLOWED: &str = r#","allowed":true"#;
+    const PATCH: &str = r#","patchType":"JSONPatch","patch":""#;
+    const TAIL: &str = "}}";
+    let engine = &base64::engine::general_purpose::STANDARD;
+    let encoded_len = patch.map_or(0, |p| base64::encoded_len(p.len(), true).unwrap_or(0));
+    // The uid in quotes, with room for a few escapes.
+    let capacity = HEAD.len() + uid.len() + 8 + ALLOWED.len() + PATCH.len() + encoded_len + 1;
+    let mut body = Vec::with_capacity(capacity + TAIL.len());
+    body.extend_from_slice(HEAD.as_bytes());
+    // A string into a Vec cannot fail; should it ever, the answer has an empty uid.
+    if serde_json::to_writer(&mut body, uid).is_err() {
+        body.truncate(HEAD.len());
+        body.extend_from_slice(b"\"\"");
+    }
+    body.extend_from_slice(ALLOWED.as_bytes());
+    if let Some(patch) = patch {
+        body.extend_from_slice(PATCH.as_bytes());
+        let start = body.len();
+        body.resize(start + encoded_len, 0);
+        let written = body
+            .get_mut(start..)
+            .map(|out| engine.encode_slice(patch, out));
+        match written {
+            Some(Ok(n)) if n == encoded_len => {}
+            // Cannot happen (the length is base64's own); answer without a patch if it did.
+            _ => {
+                body.truncate(start - PATCH.len());
+                body.extend_from_slice(TAIL.as_bytes());
+                return body;
+            }
+        }
+        body.push(b'"');
+    }
+    body.extend_from_slice(TAIL.as_bytes());
+    body
 }
 
 fn fail_open(

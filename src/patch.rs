@@ -59,7 +59,10 @@ where
 
 /// The patch as JSON bytes.
 pub fn to_json(ops: &[PatchOp]) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(ops)
+    // Room for the usual operation (a path and a short value) in one allocation.
+    let mut out = Vec::with_capacity(16 + ops.len() * 96);
+    serde_json::to_writer(&mut out, ops)?;
+    Ok(out)
 }
 
 #[cfg(test)]
