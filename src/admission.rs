@@ -423,7 +423,7 @@ fn decide_request(
                 .or_else(|| object.and_then(|o| o.metadata.as_ref()?.namespace.as_deref()))
                 .unwrap_or_default();
             let spec = object.and_then(|o| o.spec.as_ref());
-            pods::decide(namespace, &settings.own_namespace, spec, policies)
+            pods::decide_with(namespace, &settings.own_namespace, spec, policies, account)
                 .map(Decision::Pod)
                 .map_err(|e| e.to_string())
         }
