@@ -46,13 +46,15 @@ where
     let mut out = String::with_capacity(segments.clone().map(|s| s.len() + 1).sum());
     for segment in segments {
         out.push('/');
-        for c in segment.chars() {
-            match c {
-                '~' => out.push_str("~0"),
-                '/' => out.push_str("~1"),
-                c => out.push(c),
-            }
+        // Copied in runs between the characters that need escaping (usually one run).
+        let mut rest = segment;
+        while let Some(at) = rest.find(['~', '/']) {
+            let (run, escaped) = rest.split_at(at);
+            out.push_str(run);
+            out.push_str(if escaped.starts_with('~') { "~0" } else { "~1" });
+            rest = escaped.get(1..).unwrap_or_default();
         }
+        out.push_str(rest);
     }
     out
 }
@@ -82,6 +84,9 @@ mod tests {
                 "/metadata/annotations/a~0b~1c",
             ),
             (&["x", "~1"], "/x/~01"),
+            (&["~", "/", "//~~", "a/"], "/~0/~1/~1~1~0~0/a~1"),
+            (&["é/日本~"], "/é~1日本~0"),
+            (&[""], "/"),
             (&[], ""),
         ];
         for &(segments, expected) in cases {
