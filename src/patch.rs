@@ -48,7 +48,7 @@ where
         out.push('/');
         // Copied in runs between the characters that need escaping (usually one run).
         let mut rest = segment;
-        while let Some(at) = rest.find(['~', '/']) {
+        while let Some(at) = rest.bytes().position(|b| b == b'~' || b == b'/') {
             let (run, escaped) = rest.split_at(at);
             out.push_str(run);
             out.push_str(if escaped.starts_with('~') { "~0" } else { "~1" });
