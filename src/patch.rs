@@ -59,11 +59,32 @@ where
     out
 }
 
-/// The patch as JSON bytes.
+/// The patch as JSON bytes: what serde_json writes for `ops` (the derived `Serialize`), written
+/// directly (the derive goes through serde's tagged-enum machinery for every operation).
 pub fn to_json(ops: &[PatchOp]) -> Result<Vec<u8>, serde_json::Error> {
     // Room for the usual operation (a path and a short value) in one allocation.
     let mut out = Vec::with_capacity(16 + ops.len() * 96);
-    serde_json::to_writer(&mut out, ops)?;
+    out.push(b'[');
+    for (index, op) in ops.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        let (name, value) = match op {
+            PatchOp::Add { value, .. } => ("add", Some(value)),
+            PatchOp::Replace { value, .. } => ("replace", Some(value)),
+            PatchOp::Remove { .. } => ("remove", None),
+        };
+        out.extend_from_slice(br#"{"op":""#);
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(br#"","path":"#);
+        serde_json::to_writer(&mut out, op.path())?;
+        if let Some(value) = value {
+            out.extend_from_slice(br#","value":"#);
+            serde_json::to_writer(&mut out, value)?;
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
     Ok(out)
 }
 
@@ -91,6 +112,44 @@ mod tests {
         ];
         for &(segments, expected) in cases {
             assert_eq!(pointer(segments.iter().copied()), expected);
+        }
+    }
+
+    #[test]
+    fn written_as_serde_json_writes_the_operations() {
+        let object = serde_json::json!({"a/b": "1", "c": {"d": ["e", 2, null]}, "é\"": "\n"});
+        let cases: Vec<Vec<PatchOp>> = vec![
+            vec![],
+            vec![PatchOp::Remove { path: "".into() }],
+            vec![
+                PatchOp::Replace {
+                    path: pointer(["status", "allocatable", "nvidia.com/gpu"]),
+                    value: Value::from("8"),
+                },
+                PatchOp::Add {
+                    path: "/quote\"back\\slash\u{1}é".into(),
+                    value: object.clone(),
+                },
+                PatchOp::Remove {
+                    path: pointer(["metadata", "annotations", "overcommit.dev/applied"]),
+                },
+                PatchOp::Add {
+                    path: "/n".into(),
+                    value: Value::Null,
+                },
+                PatchOp::Replace {
+                    path: "/x".into(),
+                    value: serde_json::json!([1.5, true, "\u{2028}"]),
+                },
+            ],
+        ];
+        for ops in cases {
+            let expected = serde_json::to_vec(&ops).unwrap_or_default();
+            let written = to_json(&ops).unwrap_or_default();
+            assert_eq!(
+                String::from_utf8_lossy(&written),
+                String::from_utf8_lossy(&expected)
+            );
         }
     }
 
