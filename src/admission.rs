@@ -25,7 +25,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::inflate::{self, NodeDecision, NodeView, StrMap};
+use crate::inflate::{self, Account, NodeDecision, NodeView, StrMap};
 use crate::patch::{self, PatchOp};
 use crate::pods::{self, PodDecision, PodSpecIn};
 use crate::policy::PolicySet;
@@ -93,19 +93,19 @@ pub struct Handled {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct RequestIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     uid: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     kind: Option<KindIn<'a>>,
     #[serde(borrow, default)]
     resource: Option<ResourceIn<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     sub_resource: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     namespace: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     operation: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     object: Option<ObjectIn<'a>>,
@@ -115,17 +115,17 @@ struct RequestIn<'a> {
 
 #[derive(Deserialize, Default)]
 struct KindIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     group: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     kind: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize, Default)]
 struct ResourceIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     group: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     resource: Option<Cow<'a, str>>,
 }
 
@@ -148,30 +148,32 @@ struct OldObjectIn<'a> {
 
 #[derive(Deserialize, Default)]
 struct MetaIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     namespace: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     labels: Option<StrMap<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     annotations: Option<StrMap<'a>>,
 }
 
 #[derive(Deserialize, Default)]
 struct OldMetaIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     annotations: Option<StrMap<'a>>,
 }
 
 #[derive(Deserialize, Default)]
 struct NodeStatusIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     allocatable: Option<StrMap<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     capacity: Option<StrMap<'a>>,
 }
 
 // ---- what is written back ---------------------------------------------------------------------
 
+/// The answer, as `review_body` writes it (the serde form, for its tests).
+#[cfg(test)]
 #[derive(Serialize)]
 struct ReviewOut<'a> {
     #[serde(rename = "apiVersion")]
@@ -180,6 +182,7 @@ struct ReviewOut<'a> {
     response: ResponseOut<'a>,
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ResponseOut<'a> {
@@ -285,7 +288,7 @@ fn respond(
     let resource = classify(request.kind.as_ref(), request.resource.as_ref());
     let operation = request.operation.as_deref().unwrap_or_default().to_string();
     let decided = catch_unwind(AssertUnwindSafe(|| {
-        decide_request(&request, resource, policies, settings)
+        decide_request(&request, resource, policies, settings, Account::PatchOnly)
     }));
     let decision = match decided {
         Ok(Ok(decision)) => decision,
@@ -307,13 +310,10 @@ fn respond(
         );
     }
     match patch::to_json(ops) {
-        Ok(json) => {
-            let encoded = base64::engine::general_purpose::STANDARD.encode(json);
-            (
-                answer(uid, resource, operation, Some(encoded), Outcome::Patched),
-                None,
-            )
-        }
+        Ok(json) => (
+            answer(uid, resource, operation, Some(&json), Outcome::Patched),
+            None,
+        ),
         Err(e) => fail_open(
             uid,
             resource,
@@ -328,7 +328,7 @@ pub fn explain(body: &[u8], policies: &PolicySet, settings: &Settings) -> Result
     match read::parse(body) {
         Parsed::Review(request) => {
             let resource = classify(request.kind.as_ref(), request.resource.as_ref());
-            decide_request(&request, resource, policies, settings)
+            decide_request(&request, resource, policies, settings, Account::Full)
                 .map_err(|e| describe(&request, &e))
         }
         Parsed::Unreadable { reason, .. } => Err(reason),
@@ -384,11 +384,13 @@ fn classify(kind: Option<&KindIn<'_>>, resource: Option<&ResourceIn<'_>>) -> Rev
     }
 }
 
+/// `account`: whether to keep the rules' per-resource account (for `explain`), beyond the patch.
 fn decide_request(
     request: &RequestIn<'_>,
     resource: ReviewResource,
     policies: &PolicySet,
     settings: &Settings,
+    account: Account,
 ) -> Result<Decision, String> {
     let operation = request.operation.as_deref().unwrap_or_default();
     let sub_resource = request.sub_resource.as_deref().unwrap_or_default();
@@ -408,7 +410,7 @@ fn decide_request(
                 annotations: Some(annotations),
                 ..NodeView::default()
             });
-            inflate::decide(&node, stored.as_ref(), policies)
+            inflate::decide_with(&node, stored.as_ref(), policies, account)
                 .map(Decision::Node)
                 .map_err(|e| e.to_string())
         }
@@ -421,7 +423,7 @@ fn decide_request(
                 .or_else(|| object.and_then(|o| o.metadata.as_ref()?.namespace.as_deref()))
                 .unwrap_or_default();
             let spec = object.and_then(|o| o.spec.as_ref());
-            pods::decide(namespace, &settings.own_namespace, spec, policies)
+            pods::decide_with(namespace, &settings.own_namespace, spec, policies, account)
                 .map(Decision::Pod)
                 .map_err(|e| e.to_string())
         }
@@ -465,39 +467,62 @@ fn describe_object(name: Option<&str>, namespace: Option<&str>, reason: &str) ->
     }
 }
 
+/// The body of an answer: what serde_json writes for `ReviewOut`, written straight into one
+/// buffer of the right size (the patch is base64-encoded in place).
 fn answer(
     uid: &str,
     resource: ReviewResource,
     operation: String,
-    patch: Option<String>,
+    patch: Option<&[u8]>,
     outcome: Outcome,
 ) -> Handled {
-    let review = ReviewOut {
-        api_version: REVIEW_API_VERSION,
-        kind: "AdmissionReview",
-        response: ResponseOut {
-            uid,
-            allowed: true,
-            patch_type: patch.as_ref().map(|_| "JSONPatch"),
-            patch,
-        },
-    };
-    // Serialising these plain structs cannot fail; if it ever did, the fallback is still an
-    // allowed answer for this uid.
-    let body = serde_json::to_vec(&review).unwrap_or_else(|_| {
-        format!(
-            r#"{{"apiVersion":"{REVIEW_API_VERSION}","kind":"AdmissionReview","response":{{"uid":{},"allowed":true}}}}"#,
-            serde_json::Value::String(uid.to_string())
-        )
-        .into_bytes()
-    });
     Handled {
         status: 200,
-        body,
+        body: review_body(uid, patch),
         resource,
         operation,
         outcome,
     }
+}
+
+fn review_body(uid: &str, patch: Option<&[u8]>) -> Vec<u8> {
+    const HEAD: &str =
+        r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
+    const ALLOWED: &str = r#","allowed":true"#;
+    const PATCH: &str = r#","patchType":"JSONPatch","patch":""#;
+    const TAIL: &str = "}}";
+    let engine = &base64::engine::general_purpose::STANDARD;
+    let encoded_len = patch.map_or(0, |p| base64::encoded_len(p.len(), true).unwrap_or(0));
+    // The uid in quotes, with room for a few escapes.
+    let capacity = HEAD.len() + uid.len() + 8 + ALLOWED.len() + PATCH.len() + encoded_len + 1;
+    let mut body = Vec::with_capacity(capacity + TAIL.len());
+    body.extend_from_slice(HEAD.as_bytes());
+    // A string into a Vec cannot fail; should it ever, the answer has an empty uid.
+    if serde_json::to_writer(&mut body, uid).is_err() {
+        body.truncate(HEAD.len());
+        body.extend_from_slice(b"\"\"");
+    }
+    body.extend_from_slice(ALLOWED.as_bytes());
+    if let Some(patch) = patch {
+        body.extend_from_slice(PATCH.as_bytes());
+        let start = body.len();
+        body.resize(start + encoded_len, 0);
+        let written = body
+            .get_mut(start..)
+            .map(|out| engine.encode_slice(patch, out));
+        match written {
+            Some(Ok(n)) if n == encoded_len => {}
+            // Cannot happen (the length is base64's own); answer without a patch if it did.
+            _ => {
+                body.truncate(start - PATCH.len());
+                body.extend_from_slice(TAIL.as_bytes());
+                return body;
+            }
+        }
+        body.push(b'"');
+    }
+    body.extend_from_slice(TAIL.as_bytes());
+    body
 }
 
 fn fail_open(

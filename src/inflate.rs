@@ -123,21 +123,45 @@ pub struct NodeDecision {
     pub patch: Vec<PatchOp>,
 }
 
-/// JSON of the `overcommit.dev/applied` annotation.
-#[derive(Debug, Serialize, Deserialize)]
-struct Applied {
-    policy: String,
-    ratios: BTreeMap<String, String>,
+/// JSON of the `overcommit.dev/applied` annotation, as read back (borrowed from the annotation).
+#[derive(Debug, Deserialize)]
+struct AppliedIn<'a> {
+    /// Not used, but required (an annotation without it is unreadable).
+    #[serde(rename = "policy", borrow, deserialize_with = "crate::borrowed::str")]
+    _policy: Cow<'a, str>,
+    #[serde(borrow, deserialize_with = "crate::borrowed::str_map")]
+    ratios: StrMap<'a>,
 }
+
+/// JSON of the `overcommit.dev/applied` annotation, as written: keys in this order.
+#[derive(Serialize)]
+struct AppliedOut<'p> {
+    policy: &'p str,
+    ratios: RatiosOut<'p>,
+}
+
+/// A policy's ratios as written in the policy, by resource (a map in resource order).
+struct RatiosOut<'p>(&'p BTreeMap<String, (String, Ratio)>);
+
+impl Serialize for RatiosOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(resource, (text, _))| (resource, text)))
+    }
+}
+
+/// The `overcommit.dev/raw-allocatable` map, as read back (borrowed from the annotation).
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct RawIn<'a>(#[serde(borrow, deserialize_with = "crate::borrowed::str_map")] StrMap<'a>);
 
 /// What this webhook wrote last time, read back from the annotations.
-struct Previous {
+struct Previous<'a> {
     /// resource -> (raw text, raw value)
-    raw: BTreeMap<String, (String, Quantity)>,
-    ratios: BTreeMap<String, Ratio>,
+    raw: BTreeMap<Cow<'a, str>, (Cow<'a, str>, Quantity)>,
+    ratios: BTreeMap<Cow<'a, str>, Ratio>,
 }
 
-impl Previous {
+impl Previous<'_> {
     /// The allocatable this webhook wrote for `resource`, if it recorded one.
     fn written(&self, resource: &str) -> Option<Result<Quantity, InflateError>> {
         let (_, raw) = self.raw.get(resource)?;
@@ -156,12 +180,31 @@ pub fn carries_overcommit_annotations(annotations: Option<&StrMap<'_>>) -> bool 
     })
 }
 
+/// How much of the decision to keep: the patch is always computed; the per-resource account
+/// (`NodeDecision::resources`, for `review --explain` and tests) only when asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Account {
+    PatchOnly,
+    Full,
+}
+
 /// Decide the node's allocatable and annotations. `stored` is the node as stored (the review's
 /// oldObject on UPDATE); only its annotations are read, and only if `node` carries none.
 pub fn decide(
     node: &NodeView<'_>,
     stored: Option<&NodeView<'_>>,
     policies: &PolicySet,
+) -> Result<NodeDecision, InflateError> {
+    decide_with(node, stored, policies, Account::Full)
+}
+
+/// `decide`, keeping the per-resource account only if `account` is `Full` (the answer to a
+/// review needs only the outcome and the patch).
+pub fn decide_with(
+    node: &NodeView<'_>,
+    stored: Option<&NodeView<'_>>,
+    policies: &PolicySet,
+    account: Account,
 ) -> Result<NodeDecision, InflateError> {
     let mut notes = Vec::new();
     let carries_annotations =
@@ -193,7 +236,8 @@ pub fn decide(
 
     let mut patch = Vec::new();
     let mut resources = Vec::new();
-    let mut raw_record: BTreeMap<&str, &str> = BTreeMap::new();
+    // resource -> raw text, in the allocatable map's order (sorted, unique).
+    let mut raw_record: Vec<(&str, &str)> = Vec::new();
     for (name, incoming_text) in node.allocatable.into_iter().flatten() {
         let resource: &str = name;
         let ratio = policy
@@ -212,7 +256,7 @@ pub fn decide(
         let incoming = parse(resource, incoming_text)?;
         let (raw_text, raw, raw_source) = match previous_raw {
             Some(((text, raw), written)) if written == incoming => {
-                (text.as_str(), *raw, RawSource::Annotation)
+                (text.as_ref(), *raw, RawSource::Annotation)
             }
             _ => (incoming_text.as_ref(), incoming, RawSource::Incoming),
         };
@@ -221,37 +265,38 @@ pub fn decide(
                 if raw_source == RawSource::Incoming {
                     check_capacity(resource, &incoming, incoming_text, node.capacity)?;
                 }
-                raw_record.insert(resource, raw_text);
+                raw_record.push((resource, raw_text));
                 inflate(resource, &raw, ratio)?
             }
             None => raw,
         };
-        let result = if desired == raw {
-            raw_text.to_string()
-        } else {
-            desired.to_string()
+        let result = || {
+            if desired == raw {
+                raw_text.to_string()
+            } else {
+                desired.to_string()
+            }
         };
         if desired != incoming {
             patch.push(PatchOp::Replace {
                 path: pointer(["status", "allocatable", resource]),
-                value: Value::String(result.clone()),
+                value: Value::String(result()),
             });
         }
-        resources.push(ResourceLine {
-            resource: resource.to_string(),
-            incoming: incoming_text.to_string(),
-            raw: raw_text.to_string(),
-            raw_source,
-            ratio: ratio.map(|(text, _)| text.clone()),
-            result,
-        });
+        if account == Account::Full {
+            resources.push(ResourceLine {
+                resource: resource.to_string(),
+                incoming: incoming_text.to_string(),
+                raw: raw_text.to_string(),
+                raw_source,
+                ratio: ratio.map(|(text, _)| text.clone()),
+                result: result(),
+            });
+        }
     }
 
-    let desired_annotations = match policy {
-        Some(policy) => Some(annotation_values(policy, &raw_record)?),
-        None => None,
-    };
-    annotation_patch(node, desired_annotations, &mut patch);
+    let desired_annotations = policy.map(|policy| (policy, raw_record.as_slice()));
+    annotation_patch(node, desired_annotations, &mut patch)?;
 
     Ok(NodeDecision {
         outcome,
@@ -313,16 +358,16 @@ fn check_capacity(
     }
 }
 
-fn read_previous(annotations: &StrMap<'_>) -> Result<Previous, String> {
+fn read_previous<'a>(annotations: &'a StrMap<'_>) -> Result<Previous<'a>, String> {
     let raw_text = annotations
         .get(RAW_ALLOCATABLE_ANNOTATION)
         .ok_or_else(|| format!("{APPLIED_ANNOTATION} without {RAW_ALLOCATABLE_ANNOTATION}"))?;
     let applied_text = annotations
         .get(APPLIED_ANNOTATION)
         .ok_or_else(|| format!("{RAW_ALLOCATABLE_ANNOTATION} without {APPLIED_ANNOTATION}"))?;
-    let raw_map: BTreeMap<String, String> =
+    let RawIn(raw_map) =
         serde_json::from_str(raw_text).map_err(|e| format!("{RAW_ALLOCATABLE_ANNOTATION}: {e}"))?;
-    let applied: Applied =
+    let applied: AppliedIn<'_> =
         serde_json::from_str(applied_text).map_err(|e| format!("{APPLIED_ANNOTATION}: {e}"))?;
     let mut raw = BTreeMap::new();
     for (resource, text) in raw_map {
@@ -339,40 +384,95 @@ fn read_previous(annotations: &StrMap<'_>) -> Result<Previous, String> {
     Ok(Previous { raw, ratios })
 }
 
-/// The two annotation values for a node under `policy`.
-fn annotation_values(
+/// The JSON of the annotation `key` (one of the two) for a node under `policy`.
+fn write_annotation<W: std::io::Write>(
+    key: &str,
     policy: &CompiledPolicy,
-    raw_record: &BTreeMap<&str, &str>,
-) -> Result<[(&'static str, String); 2], InflateError> {
-    let encode = |e: serde_json::Error| InflateError::Encode(e.to_string());
-    let raw = serde_json::to_string(raw_record).map_err(encode)?;
-    let applied = serde_json::to_string(&Applied {
-        policy: policy.name.clone(),
-        ratios: policy
-            .ratios
-            .iter()
-            .map(|(resource, (text, _))| (resource.clone(), text.clone()))
-            .collect(),
-    })
-    .map_err(encode)?;
-    Ok([
-        (RAW_ALLOCATABLE_ANNOTATION, raw),
-        (APPLIED_ANNOTATION, applied),
-    ])
+    raw_record: &[(&str, &str)],
+    out: W,
+) -> Result<(), serde_json::Error> {
+    if key == RAW_ALLOCATABLE_ANNOTATION {
+        serde_json::to_writer(out, &RawOut(raw_record))
+    } else {
+        let applied = AppliedOut {
+            policy: &policy.name,
+            ratios: RatiosOut(&policy.ratios),
+        };
+        serde_json::to_writer(out, &applied)
+    }
 }
+
+/// The raw values recorded, by resource: in the allocatable map's order, so sorted and unique
+/// (the JSON map a `BTreeMap` gives).
+struct RawOut<'r>(&'r [(&'r str, &'r str)]);
+
+impl Serialize for RawOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(resource, text)| (resource, text)))
+    }
+}
+
+/// Whether writing produces exactly `expected` (compared as it is written: nothing is built).
+fn writes_exactly(
+    expected: &str,
+    write: impl FnOnce(&mut SameBytes<'_>) -> Result<(), serde_json::Error>,
+) -> bool {
+    let mut same = SameBytes {
+        rest: expected.as_bytes(),
+        same: true,
+    };
+    write(&mut same).is_ok() && same.same && same.rest.is_empty()
+}
+
+/// An `io::Write` that compares what is written with the bytes it expects.
+struct SameBytes<'e> {
+    rest: &'e [u8],
+    same: bool,
+}
+
+impl std::io::Write for SameBytes<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.rest.strip_prefix(buf) {
+            Some(rest) if self.same => self.rest = rest,
+            _ => self.same = false,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The annotation's JSON as a string.
+fn annotation_value(
+    key: &str,
+    policy: &CompiledPolicy,
+    raw_record: &[(&str, &str)],
+) -> Result<String, InflateError> {
+    let mut out = Vec::with_capacity(128);
+    write_annotation(key, policy, raw_record, &mut out)
+        .map_err(|e| InflateError::Encode(e.to_string()))?;
+    String::from_utf8(out).map_err(|e| InflateError::Encode(e.to_string()))
+}
+
+/// What the annotations should say: under this policy, with these raw values recorded.
+type DesiredAnnotations<'d> = Option<(&'d CompiledPolicy, &'d [(&'d str, &'d str)])>;
 
 /// Operations that make the node's annotations what they should be.
 fn annotation_patch(
     node: &NodeView<'_>,
-    desired: Option<[(&'static str, String); 2]>,
+    desired: DesiredAnnotations<'_>,
     patch: &mut Vec<PatchOp>,
-) {
+) -> Result<(), InflateError> {
+    const KEYS: [&str; 2] = [RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION];
     match (desired, node.annotations) {
-        (Some(desired), None) => {
-            let annotations: serde_json::Map<String, Value> = desired
-                .into_iter()
-                .map(|(key, value)| (key.to_string(), Value::String(value)))
-                .collect();
+        (Some((policy, raw_record)), None) => {
+            let mut annotations = serde_json::Map::new();
+            for key in KEYS {
+                let value = annotation_value(key, policy, raw_record)?;
+                annotations.insert(key.to_string(), Value::String(value));
+            }
             patch.push(if node.has_metadata {
                 PatchOp::Add {
                     path: pointer(["metadata", "annotations"]),
@@ -387,18 +487,22 @@ fn annotation_patch(
                 }
             });
         }
-        (Some(desired), Some(current)) => {
-            for (key, value) in desired {
-                if current.get(key).map(|v| v.as_ref()) != Some(value.as_str()) {
+        (Some((policy, raw_record)), Some(current)) => {
+            for key in KEYS {
+                // Usually already what it should be: compared as it is written, not built.
+                let unchanged = current.get(key).is_some_and(|value| {
+                    writes_exactly(value, |out| write_annotation(key, policy, raw_record, out))
+                });
+                if !unchanged {
                     patch.push(PatchOp::Add {
                         path: pointer(["metadata", "annotations", key]),
-                        value: Value::String(value),
+                        value: Value::String(annotation_value(key, policy, raw_record)?),
                     });
                 }
             }
         }
         (None, Some(current)) => {
-            for key in [RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION] {
+            for key in KEYS {
                 if current.contains_key(key) {
                     patch.push(PatchOp::Remove {
                         path: pointer(["metadata", "annotations", key]),
@@ -408,6 +512,7 @@ fn annotation_patch(
         }
         (None, None) => {}
     }
+    Ok(())
 }
 
 impl NodeDecision {

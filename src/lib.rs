@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod borrowed;
 pub mod cli;
 pub mod inflate;
 pub mod leader;

@@ -36,24 +36,56 @@ impl PatchOp {
 /// A JSON Pointer from unescaped segments: `~` becomes `~0` and `/` becomes `~1`, so
 /// `["metadata", "annotations", "overcommit.dev/applied"]` is
 /// `/metadata/annotations/overcommit.dev~1applied`.
-pub fn pointer<'a>(segments: impl IntoIterator<Item = &'a str>) -> String {
-    let mut out = String::new();
+pub fn pointer<'a, S>(segments: S) -> String
+where
+    S: IntoIterator<Item = &'a str>,
+    S::IntoIter: Clone,
+{
+    let segments = segments.into_iter();
+    // One allocation: the length without escapes (each escape adds a byte).
+    let mut out = String::with_capacity(segments.clone().map(|s| s.len() + 1).sum());
     for segment in segments {
         out.push('/');
-        for c in segment.chars() {
-            match c {
-                '~' => out.push_str("~0"),
-                '/' => out.push_str("~1"),
-                c => out.push(c),
-            }
+        // Copied in runs between the characters that need escaping (usually one run).
+        let mut rest = segment;
+        while let Some(at) = rest.bytes().position(|b| b == b'~' || b == b'/') {
+            let (run, escaped) = rest.split_at(at);
+            out.push_str(run);
+            out.push_str(if escaped.starts_with('~') { "~0" } else { "~1" });
+            rest = escaped.get(1..).unwrap_or_default();
         }
+        out.push_str(rest);
     }
     out
 }
 
-/// The patch as JSON bytes.
+/// The patch as JSON bytes: what serde_json writes for `ops` (the derived `Serialize`), written
+/// directly (the derive goes through serde's tagged-enum machinery for every operation).
 pub fn to_json(ops: &[PatchOp]) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(ops)
+    // Room for the usual operation (a path and a short value) in one allocation.
+    let mut out = Vec::with_capacity(16 + ops.len() * 96);
+    out.push(b'[');
+    for (index, op) in ops.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        let (name, value) = match op {
+            PatchOp::Add { value, .. } => ("add", Some(value)),
+            PatchOp::Replace { value, .. } => ("replace", Some(value)),
+            PatchOp::Remove { .. } => ("remove", None),
+        };
+        out.extend_from_slice(br#"{"op":""#);
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(br#"","path":"#);
+        serde_json::to_writer(&mut out, op.path())?;
+        if let Some(value) = value {
+            out.extend_from_slice(br#","value":"#);
+            serde_json::to_writer(&mut out, value)?;
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -73,10 +105,51 @@ mod tests {
                 "/metadata/annotations/a~0b~1c",
             ),
             (&["x", "~1"], "/x/~01"),
+            (&["~", "/", "//~~", "a/"], "/~0/~1/~1~1~0~0/a~1"),
+            (&["é/日本~"], "/é~1日本~0"),
+            (&[""], "/"),
             (&[], ""),
         ];
         for &(segments, expected) in cases {
             assert_eq!(pointer(segments.iter().copied()), expected);
+        }
+    }
+
+    #[test]
+    fn written_as_serde_json_writes_the_operations() {
+        let object = serde_json::json!({"a/b": "1", "c": {"d": ["e", 2, null]}, "é\"": "\n"});
+        let cases: Vec<Vec<PatchOp>> = vec![
+            vec![],
+            vec![PatchOp::Remove { path: "".into() }],
+            vec![
+                PatchOp::Replace {
+                    path: pointer(["status", "allocatable", "nvidia.com/gpu"]),
+                    value: Value::from("8"),
+                },
+                PatchOp::Add {
+                    path: "/quote\"back\\slash\u{1}é".into(),
+                    value: object.clone(),
+                },
+                PatchOp::Remove {
+                    path: pointer(["metadata", "annotations", "overcommit.dev/applied"]),
+                },
+                PatchOp::Add {
+                    path: "/n".into(),
+                    value: Value::Null,
+                },
+                PatchOp::Replace {
+                    path: "/x".into(),
+                    value: serde_json::json!([1.5, true, "\u{2028}"]),
+                },
+            ],
+        ];
+        for ops in cases {
+            let expected = serde_json::to_vec(&ops).unwrap_or_default();
+            let written = to_json(&ops).unwrap_or_default();
+            assert_eq!(
+                String::from_utf8_lossy(&written),
+                String::from_utf8_lossy(&expected)
+            );
         }
     }
 

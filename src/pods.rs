@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::{Map, Value};
 
-use crate::inflate::StrMap;
+use crate::inflate::{Account, StrMap};
 use crate::patch::{PatchOp, pointer};
 use crate::policy::{CompiledPodDefaults, POD_DEFAULT_RESOURCES, PolicySet};
 use crate::quantity::{Format, Quantity, QuantityError};
@@ -45,7 +45,7 @@ pub struct PodSpecIn<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ContainerIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
     pub name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub resources: Option<ResourcesIn<'a>>,
@@ -53,9 +53,9 @@ pub struct ContainerIn<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourcesIn<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     pub requests: Option<StrMap<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
     pub limits: Option<StrMap<'a>>,
 }
 
@@ -153,6 +153,18 @@ pub fn decide(
     spec: Option<&PodSpecIn<'_>>,
     policies: &PolicySet,
 ) -> Result<PodDecision, PodError> {
+    decide_with(namespace, own_namespace, spec, policies, Account::Full)
+}
+
+/// `decide`, keeping the account of each change (`PodDecision::changes`, for `review
+/// --explain` and tests) only if `account` is `Full` (the answer needs only the patch).
+pub fn decide_with(
+    namespace: &str,
+    own_namespace: &str,
+    spec: Option<&PodSpecIn<'_>>,
+    policies: &PolicySet,
+    account: Account,
+) -> Result<PodDecision, PodError> {
     if EXCLUDED_NAMESPACES.contains(&namespace)
         || (!own_namespace.is_empty() && namespace == own_namespace)
     {
@@ -176,7 +188,7 @@ pub fn decide(
         ),
         ("containers", spec.containers.as_deref().unwrap_or_default()),
     ];
-    let mut all = Vec::new();
+    let mut all = Vec::with_capacity(lists.iter().map(|(_, c)| c.len()).sum());
     for (list, containers) in lists {
         for (index, container) in containers.iter().enumerate() {
             all.push((list, index, read_container(container)?));
@@ -193,13 +205,15 @@ pub fn decide(
             let Some((after, reason)) = new_request(resource, state, defaults) else {
                 continue;
             };
-            decision.changes.push(RequestChange {
-                container: container.name.clone(),
-                resource,
-                before: state.request.as_ref().map(|(text, _)| text.clone()),
-                after: after.clone(),
-                reason,
-            });
+            if account == Account::Full {
+                decision.changes.push(RequestChange {
+                    container: container.name.to_string(),
+                    resource,
+                    before: state.request.map(|(text, _)| text.to_string()),
+                    after: after.clone(),
+                    reason,
+                });
+            }
             new_requests.push((resource, after));
         }
         if !new_requests.is_empty() {
@@ -209,21 +223,21 @@ pub fn decide(
     Ok(decision)
 }
 
-/// cpu or memory of one container: the request and limit, parsed.
-struct ResourceState {
-    request: Option<(String, Quantity)>,
-    limit: Option<(String, Quantity)>,
+/// cpu or memory of one container: the request and limit (as written, and parsed).
+struct ResourceState<'a> {
+    request: Option<(&'a str, Quantity)>,
+    limit: Option<(&'a str, Quantity)>,
 }
 
-struct ContainerState {
-    name: String,
+struct ContainerState<'a> {
+    name: &'a str,
     has_resources: bool,
     has_requests: bool,
     /// In the order of `POD_DEFAULT_RESOURCES`.
-    resources: [ResourceState; 2],
+    resources: [ResourceState<'a>; 2],
 }
 
-impl ContainerState {
+impl ContainerState<'_> {
     /// Kubernetes' Guaranteed test for one container: cpu and memory limits, and requests
     /// (defaulted to the limits when absent) equal to them.
     fn is_guaranteed(&self) -> bool {
@@ -238,27 +252,27 @@ impl ContainerState {
     }
 }
 
-fn read_container(container: &ContainerIn<'_>) -> Result<ContainerState, PodError> {
-    let name = container.name.as_deref().unwrap_or_default().to_string();
+fn read_container<'a>(container: &'a ContainerIn<'_>) -> Result<ContainerState<'a>, PodError> {
+    let name = container.name.as_deref().unwrap_or_default();
     let resources = container.resources.as_ref();
     let requests = resources.and_then(|r| r.requests.as_ref());
     let limits = resources.and_then(|r| r.limits.as_ref());
-    let read = |map: Option<&StrMap<'_>>,
+    let read = |map: Option<&'a StrMap<'_>>,
                 field: &'static str,
                 resource: &str|
-     -> Result<Option<(String, Quantity)>, PodError> {
+     -> Result<Option<(&'a str, Quantity)>, PodError> {
         let Some(text) = map.and_then(|m| m.get(resource)) else {
             return Ok(None);
         };
         let quantity = Quantity::parse(text).map_err(|source| PodError {
-            container: name.clone(),
+            container: name.to_string(),
             field,
             resource: resource.to_string(),
             source,
         })?;
-        Ok(Some((text.to_string(), quantity)))
+        Ok(Some((text.as_ref(), quantity)))
     };
-    let state = |resource: &str| -> Result<ResourceState, PodError> {
+    let state = |resource: &str| -> Result<ResourceState<'a>, PodError> {
         Ok(ResourceState {
             request: read(requests, "request", resource)?,
             limit: read(limits, "limit", resource)?,
@@ -276,7 +290,7 @@ fn read_container(container: &ContainerIn<'_>) -> Result<ContainerState, PodErro
 /// The request a container should get for `resource`, if it should change.
 fn new_request(
     resource: &str,
-    state: &ResourceState,
+    state: &ResourceState<'_>,
     defaults: &CompiledPodDefaults,
 ) -> Option<(String, RequestReason)> {
     let scale = if resource == "cpu" { 3 } else { 0 };
@@ -319,7 +333,7 @@ fn new_request(
 fn container_patch(
     list: &str,
     index: usize,
-    container: &ContainerState,
+    container: &ContainerState<'_>,
     requests: Vec<(&'static str, String)>,
     patch: &mut Vec<PatchOp>,
 ) {

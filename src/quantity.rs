@@ -268,7 +268,16 @@ fn write_binary(f: &mut fmt::Formatter<'_>, mut units: u128) -> fmt::Result {
         units /= 1024;
         power += 1;
     }
-    write!(f, "{units}{}", SUFFIXES[power])
+    write_units(f, units)?;
+    f.write_str(SUFFIXES[power])
+}
+
+/// A whole number: through u64 when it fits (u128's formatting divides in 128 bits).
+fn write_units(f: &mut fmt::Formatter<'_>, units: u128) -> fmt::Result {
+    match u64::try_from(units) {
+        Ok(small) => write!(f, "{small}"),
+        Err(_) => write!(f, "{units}"),
+    }
 }
 
 /// `mantissa × 10^exponent` with a decimal suffix whose exponent is a multiple of three, as
@@ -290,8 +299,13 @@ fn write_decimal(f: &mut fmt::Formatter<'_>, mantissa: u128, exponent: i32) -> f
         // Beyond nano or exa: an exponent (exact, and short whatever the input said).
         _ => return write!(f, "{mantissa}e{exponent}"),
     };
-    let zeros = (exponent - suffix_exp) as usize;
-    write!(f, "{mantissa}{}{suffix}", "0".repeat(zeros))
+    // 0, 1 or 2 zeros: the exponent is at most 2 above the suffix's.
+    let zeros = "00"
+        .get(..(exponent - suffix_exp) as usize)
+        .unwrap_or_default();
+    write_units(f, mantissa)?;
+    f.write_str(zeros)?;
+    f.write_str(suffix)
 }
 
 /// An overcommit multiplier: a decimal between 1 and 10 with at most 6 decimals, exact.
@@ -513,6 +527,37 @@ mod tests {
         assert_eq!(q("1n").to_string(), "1n");
         assert_eq!(q("1e-12").to_string(), "1e-12");
         assert_eq!(q("1.5Gi").to_string(), "1536Mi");
+        // Beyond u64 (printed through u128), on either side of the boundary.
+        let cases = [
+            (
+                u128::from(u64::MAX),
+                Format::DecimalSi,
+                "18446744073709551615",
+            ),
+            (
+                u128::from(u64::MAX) + 2,
+                Format::DecimalSi,
+                "18446744073709551617",
+            ),
+            (
+                u128::from(u64::MAX) + 2,
+                Format::BinarySi,
+                "18446744073709551617",
+            ),
+            (
+                (u128::from(u64::MAX) + 1) * 1024,
+                Format::BinarySi,
+                "16384Ei",
+            ),
+            (
+                (u128::from(u64::MAX) + 2) * 1024,
+                Format::BinarySi,
+                "18446744073709551617Ki",
+            ),
+        ];
+        for (units, format, printed) in cases {
+            assert_eq!(Quantity::from_units(units, 0, format).to_string(), printed);
+        }
     }
 
     #[test]

@@ -86,7 +86,7 @@ use super::{
     KindIn, MetaIn, NodeStatusIn, ObjectIn, OldMetaIn, OldObjectIn, Parsed, RequestIn, ResourceIn,
     ReviewResource, check_envelope, classify, describe_object,
 };
-use crate::inflate;
+use crate::inflate::{self, StrMap};
 
 /// Why a body could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,13 +164,26 @@ fn field<'a, T: Deserialize<'a>>(body: &'a [u8], members: &mut Members<'a>) -> R
     }
 }
 
-/// A string field, borrowed from the body when it has no escapes (as `#[serde(borrow)]`).
+/// A string field, borrowed from the body when it has no escapes.
 #[derive(Deserialize)]
 #[serde(transparent)]
-struct Text<'a>(#[serde(borrow)] Option<Cow<'a, str>>);
+struct Text<'a>(
+    #[serde(borrow, deserialize_with = "crate::borrowed::option_str")] Option<Cow<'a, str>>,
+);
 
 fn text<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<Cow<'a, str>>> {
     field::<Text<'a>>(body, members).map(|t| t.0)
+}
+
+/// A map of strings (labels, annotations, quantities), borrowed from the body where it can be.
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct Map<'a>(
+    #[serde(borrow, deserialize_with = "crate::borrowed::option_str_map")] Option<StrMap<'a>>,
+);
+
+fn str_map<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<StrMap<'a>>> {
+    field::<Map<'a>>(body, members).map(|m| m.0)
 }
 
 /// serde_json's own error for a value that is neither an object nor null where a struct is
@@ -602,8 +615,8 @@ fn read_metadata<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<Me
         |metadata: &mut MetaIn<'a>, name, members| {
             match name {
                 "namespace" => metadata.namespace = text(body, members)?,
-                "labels" => metadata.labels = field(body, members)?,
-                _ => metadata.annotations = field(body, members)?,
+                "labels" => metadata.labels = str_map(body, members)?,
+                _ => metadata.annotations = str_map(body, members)?,
             }
             Ok(())
         },
@@ -620,8 +633,8 @@ fn read_status<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<Node
         fields,
         |status: &mut NodeStatusIn<'a>, name, members| {
             match name {
-                "allocatable" => status.allocatable = field(body, members)?,
-                _ => status.capacity = field(body, members)?,
+                "allocatable" => status.allocatable = str_map(body, members)?,
+                _ => status.capacity = str_map(body, members)?,
             }
             Ok(())
         },
@@ -643,7 +656,7 @@ fn read_old_object(body: &[u8], start: usize) -> Read<Option<(OldObjectIn<'_>, u
                 "OldMetaIn",
                 &["annotations"],
                 |metadata: &mut OldMetaIn<'_>, _, members| {
-                    metadata.annotations = field(body, members)?;
+                    metadata.annotations = str_map(body, members)?;
                     Ok(())
                 },
             )?;

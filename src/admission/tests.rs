@@ -427,3 +427,42 @@ fn explain_describes_the_node_decision() {
     assert!(text.contains("cpu: raw 7910m"), "{text}");
     assert!(text.contains("-> 15820m"), "{text}");
 }
+
+#[test]
+fn answer_body_is_what_serde_json_writes() {
+    let uids = [
+        "3f9f63c0-5e9e-46ce-834c-55a7c079eb03",
+        "",
+        "quote\" backslash\\ slash/ tab\t nl\n nul\u{0} del\u{7f}",
+        "é ü 日本 \u{2028} 🦀",
+        "</script>",
+    ];
+    let patches: [Option<&[u8]>; 5] = [
+        None,
+        Some(b""),
+        Some(b"["),
+        Some(b"[{"),
+        Some(br#"[{"op":"replace","path":"/status/allocatable/cpu","value":"23835m"}]"#),
+    ];
+    for uid in uids {
+        for patch in patches {
+            let encoded = patch.map(|p| base64::engine::general_purpose::STANDARD.encode(p));
+            let review = ReviewOut {
+                api_version: REVIEW_API_VERSION,
+                kind: "AdmissionReview",
+                response: ResponseOut {
+                    uid,
+                    allowed: true,
+                    patch_type: patch.map(|_| "JSONPatch"),
+                    patch: encoded,
+                },
+            };
+            let expected = serde_json::to_vec(&review).unwrap_or_default();
+            assert_eq!(
+                String::from_utf8_lossy(&review_body(uid, patch)),
+                String::from_utf8_lossy(&expected),
+                "{uid:?} {patch:?}"
+            );
+        }
+    }
+}

@@ -692,3 +692,51 @@ fn result_beyond_int64_units_is_refused() {
         other => panic!("expected an overflow error, got {other:?}"),
     }
 }
+
+#[test]
+fn patch_only_decides_as_the_full_account() {
+    for case in cases() {
+        let set = policies(case.policies);
+        let owned = Owned::from_json(&case.node);
+        let stored = case.stored.as_ref().map(Owned::from_json);
+        let stored_view = stored.as_ref().map(Owned::view);
+        let full = decide_with(&owned.view(), stored_view.as_ref(), &set, Account::Full);
+        let patch_only = decide_with(
+            &owned.view(),
+            stored_view.as_ref(),
+            &set,
+            Account::PatchOnly,
+        );
+        match (full, patch_only) {
+            (Ok(full), Ok(patch_only)) => {
+                assert_eq!(patch_only.outcome, full.outcome, "{}", case.name);
+                assert_eq!(patch_only.patch, full.patch, "{}", case.name);
+                assert_eq!(patch_only.notes, full.notes, "{}", case.name);
+                assert!(patch_only.resources.is_empty(), "{}", case.name);
+            }
+            (full, patch_only) => panic!("{}: {full:?} vs {patch_only:?}", case.name),
+        }
+    }
+}
+
+#[test]
+fn annotations_compared_as_written() {
+    let cases: &[(&str, &[u8], bool)] = &[
+        ("abc", b"abc", true),
+        ("abc", b"ab", false),
+        ("ab", b"abc", false),
+        ("abc", b"abd", false),
+        ("", b"", true),
+    ];
+    for &(expected, written, same) in cases {
+        let result = writes_exactly(expected, |out| {
+            std::io::Write::write_all(out, written).map_err(serde_json::Error::io)
+        });
+        assert_eq!(result, same, "{expected:?} vs {written:?}");
+    }
+    // Written in pieces, as serde_json writes.
+    assert!(writes_exactly(r#"{"a":"b"}"#, |out| serde_json::to_writer(
+        out,
+        &serde_json::json!({"a": "b"})
+    )));
+}

@@ -338,3 +338,36 @@ fn explain_lists_each_change() {
         "{text}"
     );
 }
+
+#[test]
+fn patch_only_decides_as_the_full_account() {
+    for case in cases() {
+        let set = policies(case.defaults);
+        let text = case
+            .pod
+            .get("spec")
+            .map(Value::to_string)
+            .unwrap_or_else(|| "null".into());
+        let spec: Option<PodSpecIn<'_>> = match serde_json::from_str(&text) {
+            Ok(spec) => spec,
+            Err(e) => panic!("test pod does not parse: {e}"),
+        };
+        let decide = |account| {
+            decide_with(
+                case.namespace,
+                "kube-overcommit",
+                spec.as_ref(),
+                &set,
+                account,
+            )
+        };
+        match (decide(Account::Full), decide(Account::PatchOnly)) {
+            (Ok(full), Ok(patch_only)) => {
+                assert_eq!(patch_only.outcome, full.outcome, "{}", case.name);
+                assert_eq!(patch_only.patch, full.patch, "{}", case.name);
+                assert!(patch_only.changes.is_empty(), "{}", case.name);
+            }
+            (full, patch_only) => panic!("{}: {full:?} vs {patch_only:?}", case.name),
+        }
+    }
+}
