@@ -34,6 +34,29 @@ METHOD_NOTES = [
 ]
 
 
+def round_ratios(servers: dict, payload: str, key: str = "rps") -> list[float]:
+    """kube-overcommit / floor in each closed-loop round (the servers took turns within a round):
+    by req/s (key "rps"), or by CPU per request (key "cpu", the floor's over ours)."""
+    def best_per_round(name):
+        best = {}
+        for r in servers[name]["payloads"][payload].get("closed", []):
+            if "round" in r and (r["round"] not in best or r["rps"] > best[r["round"]]["rps"]):
+                best[r["round"]] = r
+        return best
+    try:
+        ours, floor = best_per_round(PRODUCT), best_per_round(FLOOR)
+    except KeyError:
+        return []
+    if key == "cpu":
+        return [floor[k]["cpu_s_per_1k"] / ours[k]["cpu_s_per_1k"] for k in sorted(ours) if k in floor
+                and ours[k]["cpu_s_per_1k"] and floor[k]["cpu_s_per_1k"]]
+    return [ours[k]["rps"] / floor[k]["rps"] for k in sorted(ours) if k in floor and floor[k]["rps"]]
+
+
+def _per_round(ratios: list[float]) -> str:
+    return f" (per round: {', '.join(f'{x * 100:.0f}%' for x in ratios)})" if len(ratios) > 1 else ""
+
+
 def _f(v, digits=2):
     if v is None:
         return "–"
@@ -57,12 +80,14 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
         ratio_go = p["max"]["rps"] / g["max"]["rps"]
         ratio_floor = p["max"]["rps"] / fl["max"]["rps"]
         out.append(("throughput >= 5x Go's (55 KB review)", f"{ratio_go:.2f}x", ratio_go >= 5))
-        out.append(("throughput >= 70% of the floor's (55 KB review)", f"{ratio_floor * 100:.0f}%", ratio_floor >= 0.7))
+        out.append(("throughput >= 70% of the floor's (55 KB review)",
+                    f"{ratio_floor * 100:.0f}%{_per_round(round_ratios(servers, TARGET_PAYLOAD))}", ratio_floor >= 0.7))
         # The closed loop is bounded by the one-core load generator (see the server CPU share
         # column), so the servers' own cost per request is the sharper comparison.
         cap = lambda x: 1000 / x["max"]["cpu_s_per_1k"]  # noqa: E731
         out.append(("same, by server CPU per request (req/s one core could serve: 1 / CPU per request)",
-                    f"{cap(p) / cap(fl) * 100:.0f}% ({cap(p):,.0f} vs {cap(fl):,.0f} req/s per core; Go {cap(g):,.0f}, "
+                    f"{cap(p) / cap(fl) * 100:.0f}%{_per_round(round_ratios(servers, TARGET_PAYLOAD, 'cpu'))} "
+                    f"({cap(p):,.0f} vs {cap(fl):,.0f} req/s per core; Go {cap(g):,.0f}, "
                     f"so {cap(p) / cap(g):.1f}x Go)", cap(p) / cap(fl) >= 0.7))
         half = p["half_max"]
         # The floor's own figure tells what the load generator and the machine allow at such rates.
@@ -144,7 +169,8 @@ def render(results: dict) -> str:
     payload_names = list(results.get("payloads", {}))
     for payload in payload_names:
         L.append(f"## {payload}\n")
-        L.append("Closed loop (maximum throughput, best of 16 and 64 connections). The load generator has one core too; "
+        L.append("Closed loop (maximum throughput, best of 16 and 64 connections over the rounds; in each round "
+                 "every server ran in turn, so the machine's drift falls on all alike). The load generator has one core too; "
                  "where the server's CPU share stays well under 100% the generator (and the shared machine), not the "
                  "server, set the rate, and the per-core column is the server's own capacity:\n")
         L.append("| server | req/s | p50 ms | p99 ms | p99.9 ms | CPU s / 1,000 req | server CPU share | req/s per core (1 / CPU per req) | conns |")
@@ -160,7 +186,8 @@ def render(results: dict) -> str:
             prod = servers[PRODUCT]["payloads"][payload]["max"]["rps"]
             L.append("")
             L.append(f"kube-overcommit / go-webhook: **{prod / servers[GO]['payloads'][payload]['max']['rps']:.2f}x**; "
-                     f"kube-overcommit / floor: **{prod / servers[FLOOR]['payloads'][payload]['max']['rps'] * 100:.0f}%**\n")
+                     f"kube-overcommit / floor: **{prod / servers[FLOOR]['payloads'][payload]['max']['rps'] * 100:.0f}%**"
+                     f"{_per_round(round_ratios(servers, payload))}\n")
         except (KeyError, ZeroDivisionError):
             L.append("")
         L.append("Fixed rates, as fractions of each server's own maximum (oha -q with --latency-correction, so "
