@@ -143,7 +143,8 @@ def render(results: dict) -> str:
     L.append(f"- {m['rustc']}; {m['go']}; load generator {m['oha']}")
     L.append("- each server pinned to CPU 1 (taskset), the load generator to CPU 0; TLS 1.3 over HTTP/1.1 keep-alive on 127.0.0.1, "
              "ECDSA P-256 certificate, same certificate for every server")
-    L.append("- servers: **kube-overcommit** `serve --policy-file bench/policy.yaml`; **go-webhook** bench/go-webhook "
+    L.append("- servers: **kube-overcommit** `serve --policy-file bench/policy.yaml` (the glibc release build, as the "
+             "Dockerfile ships it); **go-webhook** bench/go-webhook "
              "(controller-runtime CustomDefaulters for Node and Pod: decode, deep copy, mutate, marshal, JSON diff); "
              "**floor** bench/floor (rustls + hyper, reads the body, fixed answer)\n")
     L.append("## Targets (55 KB node status review, server on one core)\n")
