@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use crate::inflate::StrMap;
@@ -79,60 +80,24 @@ impl<'de> Visitor<'de> for StrMapVisitor {
     }
 }
 
-/// `Option<String>` and `Option<BTreeMap<..>>` as serde reads them: null (or unit) is `None`,
-/// anything else is read as serde's impl of the inner type reads it.
-struct OptionStr;
+/// A `StrMap` that borrows, so that serde's own `Option` impl can wrap it.
+struct BorrowedMap<'de>(StrMap<'de>);
 
-impl<'de> Visitor<'de> for OptionStr {
-    type Value = Option<Cow<'de, str>>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("option") // serde's `Option`
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_string(CowStr).map(Some)
-    }
-}
-
-struct OptionStrMap;
-
-impl<'de> Visitor<'de> for OptionStrMap {
-    type Value = Option<StrMap<'de>>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("option") // serde's `Option`
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(StrMapVisitor).map(Some)
+impl<'de> de::Deserialize<'de> for BorrowedMap<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(StrMapVisitor).map(BorrowedMap)
     }
 }
 
 /// For `Option<Cow<'a, str>>` fields: `#[serde(borrow, default, deserialize_with = "...")]`.
 pub fn option_str<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
-    d.deserialize_option(OptionStr)
+    // serde's `Option` itself (null or unit is `None`), around the borrowing string.
+    Option::<Borrowed<'de>>::deserialize(d).map(|s| s.map(|Borrowed(s)| s))
 }
 
 /// For `Option<StrMap<'a>>` fields: `#[serde(borrow, default, deserialize_with = "...")]`.
 pub fn option_str_map<'de, D: Deserializer<'de>>(d: D) -> Result<Option<StrMap<'de>>, D::Error> {
-    d.deserialize_option(OptionStrMap)
+    Option::<BorrowedMap<'de>>::deserialize(d).map(|m| m.map(|BorrowedMap(m)| m))
 }
 
 /// For `StrMap<'a>` fields: `#[serde(borrow, deserialize_with = "...")]`.
