@@ -7,8 +7,9 @@
 //!   damage lies inside a value the reader skips (`read.rs` lists what that tolerates); then the
 //!   reader's answer is the undamaged review's answer, or an answer without a patch, or 400:
 //!   never another patch;
-//! - damage in the unread tail (from `oldObject` on, when a node review's decision needs nothing
-//!   there: `read.rs`): the reader's answer is the undamaged review's, byte for byte.
+//! - damage in the unread tail (from the status member after allocatable and capacity, or from
+//!   `oldObject`, when a node review's decision needs nothing there: `read.rs`): the reader's
+//!   answer is the undamaged review's, byte for byte.
 
 use std::ops::Range;
 
@@ -139,6 +140,16 @@ impl Rng {
     }
 }
 
+/// Members in or at which the reader may stop reading a node review (`read.rs`).
+const MAY_STOP_AT: &[&str] = &[
+    "request",
+    "object",
+    "status",
+    "allocatable",
+    "capacity",
+    "oldObject",
+];
+
 /// Writes a JSON value the way no serializer would but JSON allows: members in random order,
 /// random whitespace, keys and strings with random `\u` and `\/` escapes, and (outside
 /// `oldObject`, which the reader skips) now and then a member written twice.
@@ -199,17 +210,15 @@ impl Writer<'_> {
                         members.swap(i, self.rng.below(i + 1));
                     }
                 }
-                // Before `request` and `oldObject`: the reader may stop reading there (the
-                // unread tail, `read.rs`), so a second copy after them would go unseen.
+                // Both copies before the members the reader may stop reading in or at (the
+                // unread tail, `read.rs`), so that it sees the second copy.
                 let stop = members
                     .iter()
-                    .position(|(key, _)| *key == "request" || *key == "oldObject")
+                    .position(|(key, _)| MAY_STOP_AT.contains(&key.as_str()))
                     .unwrap_or(members.len());
-                if self.duplicates && !in_old_object && !members.is_empty() && self.rng.one_in(8) {
-                    let again = members[self.rng.below(members.len())];
-                    if again.0 != "request" && again.0 != "oldObject" {
-                        members.insert(self.rng.below(stop + 1), again);
-                    }
+                if self.duplicates && !in_old_object && stop > 0 && self.rng.one_in(8) {
+                    let again = members[self.rng.below(stop)];
+                    members.insert(self.rng.below(stop + 1), again);
                 }
                 out.push(b'{');
                 self.ws(out);
@@ -651,6 +660,27 @@ fn a_damaged_quote_in_a_skipped_value_is_refused() {
 }
 
 #[test]
+fn a_bracket_inserted_in_the_last_quantity_map_read_is_refused() {
+    // Found by the damage sweep when reading first stopped inside the status: a `}` after the
+    // first quantity ends the map early, its other quantities become members of the status, and
+    // a reader that stopped at the next member would have patched from the shorter map.
+    let set = &policy_sets()[0].1;
+    let text = String::from_utf8_lossy(FIXTURES[0].1).into_owned();
+    for map in ["\"capacity\":{", "\"allocatable\":{"] {
+        let Some(comma) = text
+            .find(map)
+            .and_then(|at| text[at..].find(',').map(|k| at + k))
+        else {
+            panic!("fixture without {map}")
+        };
+        let mut body = text.clone();
+        body.insert(comma, '}');
+        assert_eq!(reference_answer(body.as_bytes(), set).status, 400, "{map}");
+        assert_eq!(new_answer(body.as_bytes(), set).status, 400, "{map}");
+    }
+}
+
+#[test]
 fn truncated_reviews_are_refused_at_every_length_before_the_unread_tail() {
     let set = &policy_sets()[0].1;
     for (name, bytes) in FIXTURES.iter().filter(|(_, b)| b.len() < 10_000) {
@@ -660,7 +690,7 @@ fn truncated_reviews_are_refused_at_every_length_before_the_unread_tail() {
                 .rev()
                 .take_while(|b| b.is_ascii_whitespace())
                 .count();
-        // Cut in the unread tail (`read.rs`: past the first byte of oldObject's value), the
+        // Cut in the unread tail (`read.rs`: past the first byte of the value it starts at), the
         // reader answers as the whole review.
         let unread_from = read::unread_from(bytes).unwrap_or(json_end);
         let whole = new_answer(bytes, set);
@@ -743,7 +773,8 @@ fn damaged_reviews_answer_as_serde_json_or_within_the_tolerance() {
 #[test]
 fn the_tail_after_what_the_decision_needs_is_not_read() {
     // A node status review whose object carries the overcommit annotations: reading stops at
-    // `oldObject`; a duplicate of a read field, damage or truncation after it is not seen
+    // the first byte of the value after allocatable and capacity (`conditions`, in the API
+    // server's order); a duplicate of a read field, damage or truncation after it is not seen
     // (the documented tolerance). Without the annotations (the fallback reads oldObject) and
     // before the stop, the reader answers as serde_json does.
     let set = &policy_sets()[0].1;
@@ -754,10 +785,14 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     let Some(from) = read::unread_from(body) else {
         panic!("reading does not stop early")
     };
-    let old_object = text.find("\"oldObject\":").unwrap_or_default();
-    assert!(old_object > 0 && from > old_object && from < old_object + 14);
+    let conditions = "\"conditions\":";
+    assert_eq!(
+        text.find(conditions).map(|at| at + conditions.len()),
+        Some(from)
+    );
     let dry_run = "\"dryRun\":";
-    assert!(text.find(dry_run).is_some_and(|at| at > from));
+    let object_end = "}}},\"oldObject\":";
+    assert!(text.find(object_end).is_some_and(|at| at > from));
 
     // (name, body, whether serde_json answers it differently)
     let tails = [
@@ -775,13 +810,37 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
             true,
         ),
         (
+            "allocatable again, after the stop",
+            text.replacen(
+                conditions,
+                "\"conditions\":[],\"allocatable\":{\"cpu\":\"1\"},\"more\":",
+                1,
+            ),
+            true,
+        ),
+        (
+            "metadata again, after status",
+            text.replacen(object_end, "}},\"metadata\":{}},\"oldObject\":", 1),
+            true,
+        ),
+        (
+            "object again",
+            text.replacen(dry_run, "\"object\":null,\"dryRun\":", 1),
+            true,
+        ),
+        (
             "namespace after oldObject (a node has none; only logs would show it)",
             text.replacen(dry_run, "\"namespace\":\"ns\",\"dryRun\":", 1),
             false,
         ),
-        ("cut in oldObject", text[..from + 1000].to_string(), true),
         (
-            "cut after its first byte",
+            "cut in the conditions",
+            text[..from + 300].to_string(),
+            true,
+        ),
+        ("cut in oldObject", text[..from + 20_000].to_string(), true),
+        (
+            "cut after the value's first byte",
             text[..from + 1].to_string(),
             true,
         ),
@@ -796,13 +855,37 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
             "{name}"
         );
     }
-    // The value itself must begin: a body cut right before it is refused.
+    // The value itself must begin: a body cut right before it, or a byte there that cannot
+    // begin a value, is refused.
     assert_eq!(new_answer(&body[..from], set).status, 400);
+    let doubled = text.replacen(conditions, "\"conditions\"::", 1);
+    assert_eq!(new_answer(doubled.as_bytes(), set).status, 400);
 
-    // Before the stop, a duplicate is still refused as serde_json refuses it.
+    // Before the stop, a duplicate is still refused as serde_json refuses it: in the request,
+    // and in the status (fails open, no patch).
     let early = text.replacen("\"operation\":", "\"uid\":\"x\",\"operation\":", 1);
     let answer = assert_identical("uid before oldObject", early.as_bytes(), set);
     assert_eq!(answer.status, 400);
+    let early = text.replacen("\"allocatable\":", "\"capacity\":{},\"allocatable\":", 1);
+    let answer = assert_identical("capacity twice", early.as_bytes(), set);
+    assert_eq!(answer.outcome, Outcome::FailedOpen);
+
+    // A status with nothing after allocatable and capacity is read to its end; reading then
+    // stops at oldObject.
+    // (Edited as text: serde_json's `Value` would write the members in another order.)
+    let (Some(cut), Some(end)) = (text.find(",\"conditions\":"), text.find(object_end)) else {
+        panic!("fixture without conditions or oldObject")
+    };
+    let short = format!("{}{}", &text[..cut], &text[end + 1..]);
+    let from = read::unread_from(short.as_bytes());
+    let old_object = short
+        .find("\"oldObject\":")
+        .map(|at| at + "\"oldObject\":".len());
+    assert!(
+        from.is_some() && from == old_object,
+        "{from:?} {old_object:?}"
+    );
+    assert_identical("short status", short.as_bytes(), set);
 
     // The fallback (no overcommit annotation on the object) reads oldObject and the tail.
     let mut review = json(body);
@@ -812,4 +895,6 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     let dup = fallback.replacen(dry_run, "\"uid\":\"other\",\"dryRun\":", 1);
     let answer = assert_identical("fallback, uid again", dup.as_bytes(), set);
     assert_eq!(answer.status, 400);
+    // A pod review is read to its end.
+    assert_eq!(read::unread_from(FIXTURES[3].1), None);
 }

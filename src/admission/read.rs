@@ -1,9 +1,9 @@
 //! Reading a review from the request body: the fields the rules use are deserialised by
 //! serde_json from their own slices of the body; everything else is stepped over by `scan`,
 //! without building or visiting it token by token, and what comes after the last field a node
-//! status review's decision needs is not read at all (the unread tail, below). `oldObject` is read (its
-//! `metadata.annotations` only) when the node rule needs the stored annotations: a node review
-//! whose object carries neither overcommit annotation.
+//! status review's decision needs is not read at all (the unread tail, below). `oldObject` is
+//! read (its `metadata.annotations` only) when the node rule needs the stored annotations: a
+//! node review whose object carries neither overcommit annotation.
 //!
 //! Walked: the review object, `request`, `object`, `object.metadata`, `object.status`, and in
 //! the fallback `oldObject` and `oldObject.metadata`. Read with serde_json: `apiVersion`,
@@ -46,24 +46,40 @@
 //!   skipped value, the undamaged answer, an answer without a patch, or 400.
 //! - **The unread tail.** The API server writes the request's fields in Go struct order: `uid
 //!   kind resource subResource ... name namespace operation userInfo object oldObject dryRun
-//!   options`. When the envelope's `apiVersion` and `kind`, and the request's `uid kind
-//!   resource subResource name operation object` have been read, the object was read without
-//!   error, the review is a node's and the object carries an overcommit annotation (so the rule
-//!   does not need the stored annotations), reading stops at the first byte of `oldObject`'s
-//!   value: half of a status review is not even scanned. From that byte on, nothing is
-//!   checked, and the answer is the one of the fields read so far:
-//!   - a second copy of a read field (`uid`, `request`, `apiVersion`, ...) after that point is
-//!     not seen (the full parse refused it: 400, or failed open inside `request`);
+//!   options`, the object's as `kind apiVersion metadata spec status`, and the status's as
+//!   `capacity allocatable phase conditions addresses ... images ...`. Reading stops early on a
+//!   node review whose object carries an overcommit annotation (so the rule does not need the
+//!   stored annotations), once the envelope's `apiVersion` and `kind` and the request's `uid
+//!   kind resource subResource name operation` have been read:
+//!   - inside the object, if its `metadata` came before `status` and both `capacity` and
+//!     `allocatable` have been read: at the first byte of the value of the status member after
+//!     them, if that member is one the API server writes there (`conditions`, `images`, ...:
+//!     `read_status` says why). A Node's status is mostly what follows (images alone are
+//!     ~85% of a 55 KB review's object), so a node status review is read for its first ~4 KB;
+//!   - otherwise, when the whole object was read without error, at the first byte of
+//!     `oldObject`'s value.
+//!
+//!   From that byte on, nothing is checked, and the answer is the one of the fields read so
+//!   far:
+//!   - a second copy of a read field (`uid`, `request`, `object`, `metadata`, `allocatable`,
+//!     ...) after that point is not seen (the full parse refused it: 400, or failed open
+//!     inside `request`);
 //!   - `namespace` given only after that point is not seen (a node has none: the API server
-//!     omits it; it would only appear in log reasons);
-//!   - a body cut, or damaged, after that point is not refused (the full parse answered 400).
-//!     hyper reads exactly `Content-Length` bytes, so a cut body can only come from a broken
-//!     client, and the first byte of the value must have arrived.
+//!     omits it; it would only appear in log reasons), nor a node's `spec` after its status
+//!     (the node rule does not read it);
+//!   - a body cut, or damaged, after that point is not refused (the full parse answered 400),
+//!     nor a value of the wrong type there (the full parse failed open). hyper reads exactly
+//!     `Content-Length` bytes, so a cut body can only come from a broken client, and the
+//!     first byte of the value must have arrived.
 //!
 //!   Nothing unread reaches the decision or the patch: the answer is byte for byte the one of
 //!   the undamaged review (`equivalence.rs` checks it for every damage and cut in the tail).
-//!   In any other order (fields the decision needs after `oldObject`, pod reviews, node
-//!   reviews without the annotations, a data error in the object) the whole body is read.
+//!   Damage before that point cannot move it to a place where a read value is incomplete: a
+//!   stray bracket inside `request` shifts `oldObject` out of it (the body is then read to its
+//!   end and refused), and one inside the last quantity map read is caught by the check on the
+//!   next member's name. In any other order (fields the decision needs after them, pod
+//!   reviews, node reviews without the annotations, a data error in the object) the whole
+//!   body is read.
 //! - **No array form of structs.** serde's derive also accepts a struct written as a JSON array
 //!   of its fields in order (`["admission.k8s.io/v1","AdmissionReview",{...}]`); this reader
 //!   wants objects at the walked levels (400 for the envelope, fail open for the object).
@@ -425,6 +441,7 @@ fn read_request<'a>(
         // Everything a node review's decision and answer use (a node has no namespace: the
         // API server omits it), and no oldObject yet (a second one is refused as before).
         let node_fields_known = seen.all(&[0, 1, 2, 3, 5, 6, 7]) && !seen.all(&[8]);
+        let node_fields_but_object_known = seen.all(&[0, 1, 2, 3, 5, 6]) && !seen.all(&[7]);
         let mut once = |bit, name| seen.once(body, bit, name, key_end);
         match member.key.as_ref() {
             "uid" => {
@@ -466,7 +483,14 @@ fn read_request<'a>(
             }
             "object" => {
                 keep(object_error, once(7, "object"))?;
-                let read = read_object(body, &mut members);
+                // A node review (the API server writes every other field the rule and the
+                // answer use before `object`): reading may stop inside the object's status.
+                let may_stop = node_fields_but_object_known
+                    && object_error.is_none()
+                    && unread_from.is_some()
+                    && classify(request.kind.as_ref(), request.resource.as_ref())
+                        == ReviewResource::Node;
+                let read = read_object(body, &mut members, may_stop);
                 let value = keep_value(
                     body,
                     Some(&mut members),
@@ -474,8 +498,12 @@ fn read_request<'a>(
                     object_error,
                     read,
                 )?;
-                if let Some(object) = value {
+                if let Some((object, after)) = value {
                     request.object = object;
+                    if let (After::Stopped(at), Some(unread_from)) = (after, unread_from.as_mut()) {
+                        **unread_from = Some(at);
+                        return Ok(Some(request));
+                    }
                 }
             }
             "oldObject" => {
@@ -541,65 +569,121 @@ fn needs_stored_annotations(request: &RequestIn<'_>) -> bool {
     is_node && request.object.is_some() && !inflate::carries_overcommit_annotations(annotations)
 }
 
+/// What a field reader of [`read_struct`] says after its field.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum After {
+    /// Go on with the struct.
+    Next,
+    /// The decision needs nothing more from the body: stop at the next member if its key is
+    /// one of these (see `read_status`), after checking that it is not a second copy of a
+    /// read field; otherwise read on.
+    EnoughIfNextIs(&'static [&'static str]),
+    /// Reading stopped inside this field's value, at this index.
+    Stopped(usize),
+}
+
+/// How far a struct was read.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Ended {
+    /// To its closing brace; the index past it.
+    Closed(usize),
+    /// Not to its end: reading stopped at this index (the first byte of a member's value) and
+    /// the rest of the body is unread.
+    Stopped(usize),
+}
+
 /// A struct of the objects, whose value starts at `start`: each member named in `fields` is
 /// read by `read_field(struct, name, members)` (the member's value is the current one of
 /// `members`), every other member is skipped, and a field given twice is refused as serde's
-/// derive refuses it. Null is `None`. Returns the struct and the index past it.
+/// derive refuses it. Null is `None`. Returns the struct and how far it was read.
 fn read_struct<'a, T: Default>(
     body: &'a [u8],
     start: usize,
     name: &'static str,
     fields: &[&'static str],
-    mut read_field: impl FnMut(&mut T, &str, &mut Members<'a>) -> Read<()>,
-) -> Read<Option<(T, usize)>> {
+    mut read_field: impl FnMut(&mut T, &str, &mut Members<'a>) -> Read<After>,
+) -> Read<Option<(T, Ended)>> {
     let Some(mut members) = struct_members(body, start, name)? else {
         return Ok(None);
     };
     let mut value = T::default();
     let mut seen = Seen::default();
+    let mut stop_before: &[&str] = &[];
     while let Some(member) = members.next_member().map_err(scan_error(body))? {
-        let Some(index) = fields.iter().position(|f| *f == member.key) else {
+        let index = fields.iter().position(|f| *f == member.key);
+        if let Some(index) = index {
+            seen.once(body, index as u32, fields[index], member.key_end)?;
+        }
+        if stop_before.contains(&member.key.as_ref()) {
+            return Ok(Some((value, Ended::Stopped(member.value_start))));
+        }
+        stop_before = &[];
+        let Some(index) = index else {
             continue; // skipped
         };
-        let field_name = fields[index];
-        seen.once(body, index as u32, field_name, member.key_end)?;
-        read_field(&mut value, field_name, &mut members)?;
+        match read_field(&mut value, fields[index], &mut members)? {
+            After::Next => {}
+            After::EnoughIfNextIs(keys) => stop_before = keys,
+            After::Stopped(at) => return Ok(Some((value, Ended::Stopped(at)))),
+        }
     }
-    Ok(Some((value, members.end())))
+    Ok(Some((value, Ended::Closed(members.end()))))
 }
 
-/// `read_struct` for the current member of `parent`, which then continues past it.
+/// `read_struct` for the current member of `parent`, which then continues past it (unless
+/// reading stopped inside it).
 fn read_member<'a, T: Default>(
     body: &'a [u8],
     parent: &mut Members<'a>,
     name: &'static str,
     fields: &[&'static str],
-    read_field: impl FnMut(&mut T, &str, &mut Members<'a>) -> Read<()>,
-) -> Read<Option<T>> {
-    let Some((value, end)) = read_struct(body, parent.value_start(), name, fields, read_field)?
-    else {
-        return Ok(None);
-    };
-    parent.value_read(end);
-    Ok(Some(value))
+    read_field: impl FnMut(&mut T, &str, &mut Members<'a>) -> Read<After>,
+) -> Read<(Option<T>, After)> {
+    match read_struct(body, parent.value_start(), name, fields, read_field)? {
+        None => Ok((None, After::Next)),
+        Some((value, Ended::Closed(end))) => {
+            parent.value_read(end);
+            Ok((Some(value), After::Next))
+        }
+        Some((value, Ended::Stopped(at))) => Ok((Some(value), After::Stopped(at))),
+    }
 }
 
 /// `object`: metadata and status walked, spec read whole (the pod rule needs its containers).
-/// After a data error the value is left to `parent`, which steps over it.
-fn read_object<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<ObjectIn<'a>>> {
+/// After a data error the value is left to `parent`, which steps over it. With `may_stop`
+/// (`read_request`: a node review whose other fields are known), reading stops inside
+/// `status` once the metadata carries an overcommit annotation and both quantity maps are
+/// read: `After::Stopped`.
+fn read_object<'a>(
+    body: &'a [u8],
+    parent: &mut Members<'a>,
+    may_stop: bool,
+) -> Read<(Option<ObjectIn<'a>>, After)> {
     let fields = &["metadata", "spec", "status"];
     read_member(
         body,
         parent,
         "ObjectIn",
         fields,
-        |object: &mut ObjectIn<'a>, name, members| {
-            match name {
-                "metadata" => object.metadata = read_metadata(body, members)?,
-                "spec" => object.spec = field(body, members)?,
-                _ => object.status = read_status(body, members)?,
+        |object: &mut ObjectIn<'a>, name, members| match name {
+            "metadata" => {
+                object.metadata = read_metadata(body, members)?;
+                Ok(After::Next)
             }
-            Ok(())
+            "spec" => {
+                object.spec = field(body, members)?;
+                Ok(After::Next)
+            }
+            _ => {
+                let annotations = object
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.annotations.as_ref());
+                let may_stop = may_stop && inflate::carries_overcommit_annotations(annotations);
+                let (status, after) = read_status(body, members, may_stop)?;
+                object.status = status;
+                Ok(after)
+            }
         },
     )
 }
@@ -607,7 +691,7 @@ fn read_object<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<Obje
 /// `metadata`: managedFields, ownerReferences, ... skipped.
 fn read_metadata<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<MetaIn<'a>>> {
     let fields = &["namespace", "labels", "annotations"];
-    read_member(
+    let (metadata, _) = read_member(
         body,
         parent,
         "MetaIn",
@@ -618,13 +702,40 @@ fn read_metadata<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<Me
                 "labels" => metadata.labels = str_map(body, members)?,
                 _ => metadata.annotations = str_map(body, members)?,
             }
-            Ok(())
+            Ok(After::Next)
         },
-    )
+    )?;
+    Ok(metadata)
 }
 
-/// `status`: images, conditions, volumesAttached, ... skipped.
-fn read_status<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<NodeStatusIn<'a>>> {
+/// The fields of a Node's status after `capacity` and `allocatable`, in the API server's order
+/// (Go's `NodeStatus`).
+const STATUS_AFTER_QUANTITIES: &[&str] = &[
+    "phase",
+    "conditions",
+    "addresses",
+    "daemonEndpoints",
+    "nodeInfo",
+    "images",
+    "volumesInUse",
+    "volumesAttached",
+    "config",
+    "runtimeHandlers",
+    "features",
+];
+
+/// `status`: images, conditions, volumesAttached, ... skipped. With `may_stop`, reading stops
+/// once allocatable and capacity are read, at the value of the next member (in the API
+/// server's order they come first: a Node's status is mostly the conditions and images after
+/// them), but only if that member is one of `STATUS_AFTER_QUANTITIES`. That check is what
+/// keeps a damaged map from being read as a shorter one: a `}` inserted in the last map read
+/// (`{"cpu":"4"},"memory":"8Gi",...}`) ends it early and turns its remaining quantities into
+/// members of the status, which a resource name cannot pass for.
+fn read_status<'a>(
+    body: &'a [u8],
+    parent: &mut Members<'a>,
+    may_stop: bool,
+) -> Read<(Option<NodeStatusIn<'a>>, After)> {
     let fields = &["allocatable", "capacity"];
     read_member(
         body,
@@ -636,7 +747,12 @@ fn read_status<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<Node
                 "allocatable" => status.allocatable = str_map(body, members)?,
                 _ => status.capacity = str_map(body, members)?,
             }
-            Ok(())
+            let known = status.allocatable.is_some() && status.capacity.is_some();
+            Ok(if may_stop && known {
+                After::EnoughIfNextIs(STATUS_AFTER_QUANTITIES)
+            } else {
+                After::Next
+            })
         },
     )
 }
@@ -644,23 +760,28 @@ fn read_status<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<Node
 /// `oldObject.metadata.annotations`, from the oldObject whose first byte is at `start`; the
 /// index past it.
 fn read_old_object(body: &[u8], start: usize) -> Read<Option<(OldObjectIn<'_>, usize)>> {
-    read_struct(
+    let read = read_struct(
         body,
         start,
         "OldObjectIn",
         &["metadata"],
         |old: &mut OldObjectIn<'_>, _, members| {
-            old.metadata = read_member(
+            let (metadata, _) = read_member(
                 body,
                 members,
                 "OldMetaIn",
                 &["annotations"],
                 |metadata: &mut OldMetaIn<'_>, _, members| {
                     metadata.annotations = str_map(body, members)?;
-                    Ok(())
+                    Ok(After::Next)
                 },
             )?;
-            Ok(())
+            old.metadata = metadata;
+            Ok(After::Next)
         },
-    )
+    )?;
+    // Only `read_object` stops early.
+    Ok(read.map(|(old, ended)| match ended {
+        Ended::Closed(end) | Ended::Stopped(end) => (old, end),
+    }))
 }

@@ -438,8 +438,12 @@ impl<'a> Members<'a> {
             None => return Err(ScanError::at(Code::EofObject, body.len())),
             Some(_) => return Err(ScanError::at(Code::ExpectedColon, v)),
         }
-        if v >= body.len() {
-            return Err(ScanError::at(Code::EofValue, body.len()));
+        // The value must at least begin like one: a reader may stop at this byte without
+        // reading further (`read.rs`, the unread tail).
+        match body.get(v) {
+            Some(b'"' | b'{' | b'[' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {}
+            Some(_) => return Err(ScanError::at(Code::ExpectedValue, v)),
+            None => return Err(ScanError::at(Code::EofValue, body.len())),
         }
         self.pending = Some(v);
         self.pos = v;

@@ -198,6 +198,11 @@ fn walked_objects_are_checked_strictly() {
         ("{", Code::EofObject),
         ("{\"a\"", Code::EofObject),
         ("{\"a\":", Code::EofValue),
+        // Refused where the value should begin, before anything steps over it: a reader may
+        // stop at that byte (`read.rs`, the unread tail).
+        ("{\"a\"::1}", Code::ExpectedValue),
+        ("{\"a\":,1}", Code::ExpectedValue),
+        ("{\"a\":}", Code::ExpectedValue),
         ("{\"a\" 1}", Code::ExpectedColon),
         ("{\"a\":1 \"b\":2}", Code::ExpectedCommaOrBrace),
         ("{\"a\":1,}", Code::TrailingComma),
