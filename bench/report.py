@@ -121,13 +121,14 @@ def profile_summary(r: dict) -> list[str]:
     return [
         f"Per 55 KB review kube-overcommit uses {p:.1f} µs of CPU, the floor {f:.1f} µs, go-webhook {g:.0f} µs (closed-loop CPU "
         f"per request), {p - f:.1f} µs above the floor. Reading the review: the scanning reader (`kube_overcommit::admission::` "
-        f"symbols: stepping over what the rules do not read) is {scan_pct:.1f}% of kube-overcommit's samples (~{scan_pct / 100 * p:.1f} µs), "
+        f"symbols: walking to the fields the rules read, stepping over the rest; a node status review is read only up to its "
+        f"quantity maps) is {scan_pct:.1f}% of kube-overcommit's samples (~{scan_pct / 100 * p:.1f} µs), "
         f"serde_json (the fields the rules read) {json_pct:.1f}% (~{json_pct / 100 * p:.1f} µs). AES-GCM decryption is {aes:.1f}% "
         f"(~{aes / 100 * p:.1f} µs, the same absolute cost as in the floor); allocation and copies (malloc, free, realloc, memmove) "
         f"{alloc:.1f}% (~{alloc / 100 * p:.1f} µs).",
         "",
         "How the reader got here (serde_json's walk of both whole Nodes replaced by a scan that reads only the fields the "
-        "rules use), with instruction counts per review before and after: bench/proposals/admission-parse.md.",
+        "rules use, and stops once a node's decision has them), with instruction counts per review before and after: bench/proposals/admission-parse.md.",
     ]
 
 
