@@ -55,7 +55,8 @@
 //!     `allocatable` have been read: at the first byte of the value of the status member after
 //!     them, if that member is one the API server writes there (`conditions`, `images`, ...:
 //!     `read_status` says why). A Node's status is mostly what follows (images alone are
-//!     ~85% of a 55 KB review's object), so a node status review is read for its first ~4 KB;
+//!     ~89% of a 55 KB review's object), so a node status review is read for its first 2-5 KB
+//!     (the envelope, the request's fields, the object's metadata and the two maps);
 //!   - otherwise, when the whole object was read without error, at the first byte of
 //!     `oldObject`'s value.
 //!
@@ -68,7 +69,10 @@
 //!     omits it; it would only appear in log reasons), nor a node's `spec` after its status
 //!     (the node rule does not read it);
 //!   - a body cut, or damaged, after that point is not refused (the full parse answered 400),
-//!     nor a value of the wrong type there (the full parse failed open). hyper reads exactly
+//!     nor a value of the wrong type there (the full parse failed open). The same holds for
+//!     whitespace right before that value, which the API server never writes: damaged into a
+//!     byte that can begin a value (`"conditions": [` into `"conditions":1[`), the body reads as
+//!     one without whitespace damaged at that byte. hyper reads exactly
 //!     `Content-Length` bytes, so a cut body can only come from a broken client, and the
 //!     first byte of the value must have arrived.
 //!
@@ -282,8 +286,8 @@ struct Review<'a> {
     request: Option<Box<RequestIn<'a>>>,
     /// The first error in the objects (they are then not read): the review fails open.
     object_error: Option<String>,
-    /// Where reading stopped because the decision needed nothing more (the value of
-    /// `oldObject`); the bytes from here on were not read.
+    /// Where reading stopped because the decision needed nothing more (the value of the status
+    /// member after the quantity maps, or of `oldObject`); the bytes from here on were not read.
     unread_from: Option<usize>,
 }
 
@@ -420,8 +424,9 @@ fn keep_value<'a, T>(
     }
 }
 
-/// `unread_from` is given when the envelope's fields have been read: reading may then stop at
-/// `oldObject` (set to where its value starts) if the decision needs nothing after it.
+/// `unread_from` is given when the envelope's fields have been read: reading may then stop
+/// inside the object's status or at `oldObject` (set to where the value stopped at starts) if
+/// the decision needs nothing after it.
 fn read_request<'a>(
     body: &'a [u8],
     parent: &mut Members<'a>,
@@ -730,7 +735,8 @@ const STATUS_AFTER_QUANTITIES: &[&str] = &[
 /// them), but only if that member is one of `STATUS_AFTER_QUANTITIES`. That check is what
 /// keeps a damaged map from being read as a shorter one: a `}` inserted in the last map read
 /// (`{"cpu":"4"},"memory":"8Gi",...}`) ends it early and turns its remaining quantities into
-/// members of the status, which a resource name cannot pass for.
+/// members of the status, named as resources (`memory`, `pods`, `example.com/gpu`): names the
+/// kubelet reports and the API server's validation accepts for quantities are never these.
 fn read_status<'a>(
     body: &'a [u8],
     parent: &mut Members<'a>,
