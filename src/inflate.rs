@@ -365,8 +365,14 @@ fn read_previous<'a>(annotations: &'a StrMap<'_>) -> Result<Previous<'a>, String
     let applied_text = annotations
         .get(APPLIED_ANNOTATION)
         .ok_or_else(|| format!("{RAW_ALLOCATABLE_ANNOTATION} without {APPLIED_ANNOTATION}"))?;
-    let RawIn(raw_map) =
-        serde_json::from_str(raw_text).map_err(|e| format!("{RAW_ALLOCATABLE_ANNOTATION}: {e}"))?;
+    let raw_map = match crate::plain_map::read_whole(raw_text) {
+        Some(map) => map,
+        None => {
+            serde_json::from_str::<RawIn<'_>>(raw_text)
+                .map_err(|e| format!("{RAW_ALLOCATABLE_ANNOTATION}: {e}"))?
+                .0
+        }
+    };
     let applied: AppliedIn<'_> =
         serde_json::from_str(applied_text).map_err(|e| format!("{APPLIED_ANNOTATION}: {e}"))?;
     let mut raw = BTreeMap::new();

@@ -1,7 +1,8 @@
 //! kube-overcommit: a mutating admission webhook that makes chosen nodes look larger
 //! to the scheduler. See design.md for the architecture; module map:
 //!
-//! pure (no tokio, no kube client, no I/O): `policy`, `quantity`, `inflate`, `pods`, `patch`, `admission`
+//! pure (no tokio, no kube client, no I/O): `policy`, `quantity`, `inflate`, `pods`, `patch`, `admission`,
+//! `borrowed` and `plain_map` (string maps read from a review)
 //! I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`
 #![forbid(unsafe_code)]
 
@@ -12,6 +13,7 @@ pub mod inflate;
 pub mod leader;
 pub mod metrics;
 pub mod patch;
+pub mod plain_map;
 pub mod pods;
 pub mod policy;
 pub mod probes;

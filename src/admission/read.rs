@@ -107,6 +107,7 @@ use super::{
     ReviewResource, check_envelope, classify, describe_object,
 };
 use crate::inflate::{self, StrMap};
+use crate::plain_map;
 
 /// Why a body could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,6 +204,10 @@ struct Map<'a>(
 );
 
 fn str_map<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<StrMap<'a>>> {
+    if let Some((map, end)) = plain_map::read(body, members.value_start()) {
+        members.value_read(end);
+        return Ok(Some(map));
+    }
     field::<Map<'a>>(body, members).map(|m| m.0)
 }
 

@@ -1,0 +1,227 @@
+//! The fast way to read a JSON object of strings (labels, annotations, quantities, the
+//! overcommit annotations' maps) when it is plainly written: `{"key":"value",...}`, any JSON
+//! whitespace between tokens, keys and values strings. Pure.
+//!
+//! serde_json reading such a map costs ~150 instructions per string (finding its end, then a
+//! UTF-8 check of each string on its own, then the map's plumbing); a node status review has
+//! ~70 of them, a third of what answering it costs. Here a string's end is found 8 bytes at a
+//! time and the whole object's text is checked as UTF-8 once.
+//!
+//! Anything else (`null`, another type, a value that is not a string, a raw control character
+//! in a string, a trailing comma, invalid UTF-8, a cut body) gives `None`, and the caller reads
+//! the value with serde_json: what is accepted, refused and how it is worded stays
+//! serde_json's. A string with escapes is decoded by serde_json itself. So, where this reader
+//! answers, serde_json gives the same map: a key given twice keeps its last value, as in
+//! `borrowed::str_map`; the table tests below compare the two.
+
+use std::borrow::Cow;
+
+use crate::inflate::StrMap;
+
+const ONES: u64 = u64::MAX / 255;
+const HIGH_BITS: u64 = ONES << 7;
+
+/// Bytes of eight `byte`s: where a byte of `word` equals `byte` its high bit is set (and maybe
+/// those of higher bytes, which the lowest match makes irrelevant).
+fn equal_bytes(word: u64, byte: u8) -> u64 {
+    let x = word ^ (ONES * u64::from(byte));
+    x.wrapping_sub(ONES) & !x
+}
+
+/// The first index at or after `from` holding `"`, `\` or a control character (below 0x20), or
+/// `bytes.len()`. Eight bytes at a time (the way serde_json does it; most strings here are
+/// shorter than a vector search's set-up).
+fn string_stop(bytes: &[u8], from: usize) -> usize {
+    let rest = bytes.get(from..).unwrap_or_default();
+    let mut chunks = rest.chunks_exact(8);
+    for (n, chunk) in chunks.by_ref().enumerate() {
+        let mut word = [0; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        let control = word.wrapping_sub(ONES * 0x20) & !word;
+        let found = (control | equal_bytes(word, b'"') | equal_bytes(word, b'\\')) & HIGH_BITS;
+        if found != 0 {
+            return from + n * 8 + (found.trailing_zeros() / 8) as usize;
+        }
+    }
+    let tail = chunks.remainder();
+    let at = tail
+        .iter()
+        .position(|&byte| byte == b'"' || byte == b'\\' || byte < 0x20)
+        .unwrap_or(tail.len());
+    bytes.len() - tail.len() + at
+}
+
+fn skip_whitespace(bytes: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// A string in the text: its quotes at `start` and `end - 1`; `escaped` if it has a backslash.
+#[derive(Clone, Copy)]
+struct Span {
+    start: usize,
+    end: usize,
+    escaped: bool,
+}
+
+/// The string whose opening quote is at `at`; `None` if there is none there, it holds a raw
+/// control character (serde_json refuses it) or it is not terminated.
+fn string(bytes: &[u8], at: usize) -> Option<Span> {
+    if bytes.get(at) != Some(&b'"') {
+        return None;
+    }
+    let mut i = string_stop(bytes, at + 1);
+    let mut escaped = false;
+    loop {
+        match bytes.get(i)? {
+            b'"' => {
+                return Some(Span {
+                    start: at,
+                    end: i + 1,
+                    escaped,
+                });
+            }
+            // The escape's own byte is stepped over; serde_json checks what it spells.
+            b'\\' => {
+                escaped = true;
+                bytes.get(i + 1)?;
+                i = string_stop(bytes, i + 2);
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// Walks the object whose `{` is at `start`, calling `member` with each key and value; the
+/// index past its `}`, or `None` where it is not plainly written or `member` says so.
+fn walk(
+    bytes: &[u8],
+    start: usize,
+    mut member: impl FnMut(Span, Span) -> Option<()>,
+) -> Option<usize> {
+    if bytes.get(start) != Some(&b'{') {
+        return None;
+    }
+    let mut i = skip_whitespace(bytes, start + 1);
+    if bytes.get(i) == Some(&b'}') {
+        return Some(i + 1);
+    }
+    loop {
+        let key = string(bytes, i)?;
+        i = skip_whitespace(bytes, key.end);
+        if bytes.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_whitespace(bytes, i + 1);
+        let value = string(bytes, i)?;
+        member(key, value)?;
+        i = skip_whitespace(bytes, value.end);
+        match bytes.get(i)? {
+            b',' => i = skip_whitespace(bytes, i + 1),
+            b'}' => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// The string's value: borrowed when it has no escapes, else decoded (escapes other than
+/// `\\u` here, a string with `\\u` by serde_json, which checks what it spells).
+fn text_of<'a>(text: &'a str, span: Span) -> Option<Cow<'a, str>> {
+    let inside = text.get(span.start + 1..span.end - 1)?;
+    if !span.escaped {
+        return Some(Cow::Borrowed(inside));
+    }
+    let mut decoded = String::with_capacity(inside.len());
+    // Runs between escapes are copied whole; a backslash is ASCII, so they are `str`s too.
+    let bytes = inside.as_bytes();
+    let (mut run, mut i) = (0, 0);
+    while let Some(&byte) = bytes.get(i) {
+        if byte != b'\\' {
+            i += 1;
+            continue;
+        }
+        decoded.push_str(inside.get(run..i)?);
+        decoded.push(match bytes.get(i + 1)? {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            _ => {
+                let quoted = text.get(span.start..span.end)?;
+                return serde_json::from_str::<String>(quoted).ok().map(Cow::Owned);
+            }
+        });
+        i += 2;
+        run = i;
+    }
+    decoded.push_str(inside.get(run..)?);
+    Some(Cow::Owned(decoded))
+}
+
+/// The map of the object whose `{` is at `start` of `text`, and the index past its `}`.
+fn read_text(text: &str, start: usize) -> Option<(StrMap<'_>, usize)> {
+    let mut map = StrMap::new();
+    let end = walk(text.as_bytes(), start, |key, value| {
+        map.insert(text_of(text, key)?, text_of(text, value)?);
+        Some(())
+    })?;
+    Some((map, end))
+}
+
+/// The members a map may have for `read` to keep where they are while it checks the text.
+const KEPT_MEMBERS: usize = 32;
+
+const NO_SPAN: Span = Span {
+    start: 0,
+    end: 0,
+    escaped: false,
+};
+
+/// The object of strings whose `{` is at `body[start]`, borrowed from the body, and the index
+/// past its `}`; `None` where serde_json must read it.
+pub fn read(body: &[u8], start: usize) -> Option<(StrMap<'_>, usize)> {
+    // Walked once to find its end (keeping where up to 32 members are), so that its text is
+    // checked as UTF-8 in one go; a larger map is walked again in the text.
+    let mut kept = [(NO_SPAN, NO_SPAN); KEPT_MEMBERS];
+    let mut members = 0;
+    let end = walk(body, start, |key, value| {
+        if let Some(slot) = kept.get_mut(members) {
+            *slot = (key, value);
+        }
+        members += 1;
+        Some(())
+    })?;
+    let text = std::str::from_utf8(body.get(start..end)?).ok()?;
+    let shift = |span: Span| Span {
+        start: span.start - start,
+        end: span.end - start,
+        ..span
+    };
+    if members > KEPT_MEMBERS {
+        let (map, read_to) = read_text(text, 0)?;
+        return (start + read_to == end).then_some((map, end));
+    }
+    let mut map = StrMap::new();
+    for &(key, value) in kept.get(..members)? {
+        map.insert(text_of(text, shift(key))?, text_of(text, shift(value))?);
+    }
+    Some((map, end))
+}
+
+/// A whole text that is one object of strings (JSON whitespace around it allowed, as
+/// `serde_json::from_str` allows); `None` where serde_json must read it.
+pub fn read_whole(text: &str) -> Option<StrMap<'_>> {
+    let start = skip_whitespace(text.as_bytes(), 0);
+    let (map, end) = read_text(text, start)?;
+    (skip_whitespace(text.as_bytes(), end) == text.len()).then_some(map)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,167 @@
+use std::borrow::Cow;
+
+use super::*;
+
+/// serde_json's answer for the same text (the slow way, `borrowed::str_map`).
+fn serde_map(text: &str) -> Result<StrMap<'_>, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(transparent)]
+    struct Map<'a>(#[serde(borrow, deserialize_with = "crate::borrowed::str_map")] StrMap<'a>);
+    serde_json::from_str::<Map<'_>>(text)
+        .map(|m| m.0)
+        .map_err(|e| e.to_string())
+}
+
+fn pairs(map: &StrMap<'_>) -> Vec<(String, String)> {
+    map.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn plainly_written_maps_are_read_as_serde_json_reads_them() {
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        ("{}", &[]),
+        (" { } ", &[]),
+        (r#"{"cpu":"4"}"#, &[("cpu", "4")]),
+        (
+            r#"{"cpu":"15890m","memory":"62Gi","pods":"110"}"#,
+            &[("cpu", "15890m"), ("memory", "62Gi"), ("pods", "110")],
+        ),
+        // Keys come out sorted, whatever their order in the text.
+        (r#"{"b":"2","a":"1"}"#, &[("a", "1"), ("b", "2")]),
+        // A key given twice keeps its last value.
+        (r#"{"a":"1","a":"2"}"#, &[("a", "2")]),
+        (
+            "{\n  \"a\" :\t\"1\" ,\r\n \"b\":\"\" }\n",
+            &[("a", "1"), ("b", "")],
+        ),
+        // Strings longer than one 8-byte step, with the quote in every position of a step.
+        (
+            r#"{"kubernetes.io/hostname":"bench-node-55k-0","k1234567":"v12345678"}"#,
+            &[
+                ("k1234567", "v12345678"),
+                ("kubernetes.io/hostname", "bench-node-55k-0"),
+            ],
+        ),
+        // Escapes are decoded (by serde_json), UTF-8 is kept.
+        (
+            r#"{"raw":"{\"cpu\":\"4\"}","t\u00e9":"ça\n\\/","é":"\ud83d\ude00"}"#,
+            &[("raw", r#"{"cpu":"4"}"#), ("té", "ça\n\\/"), ("é", "😀")],
+        ),
+    ];
+    for (text, want) in cases {
+        let got = read_whole(text).unwrap_or_else(|| panic!("not read plainly: {text}"));
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(pairs(&got), want, "{text}");
+        let serde = serde_map(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(got, serde, "{text}");
+    }
+}
+
+#[test]
+fn strings_without_escapes_are_borrowed() {
+    let text = r#"{"cpu":"4","esc":"a\"b"}"#;
+    let map = read_whole(text).unwrap_or_default();
+    for key in map.keys() {
+        assert!(matches!(key, Cow::Borrowed(_)), "{key}");
+    }
+    assert!(matches!(map.get("cpu"), Some(Cow::Borrowed("4"))));
+    assert!(matches!(map.get("esc"), Some(Cow::Owned(s)) if s == "a\"b"));
+}
+
+#[test]
+fn anything_not_plainly_written_is_left_to_serde_json() {
+    for text in [
+        "null",
+        "[]",
+        r#""a""#,
+        "{",
+        r#"{"a""#,
+        r#"{"a":"1""#,
+        r#"{"a":"1"#,
+        r#"{"a":"1",}"#,
+        r#"{,"a":"1"}"#,
+        r#"{"a":"1",,"b":"2"}"#,
+        r#"{"a" "1"}"#,
+        r#"{"a"::"1"}"#,
+        r#"{"a":1}"#,
+        r#"{"a":null}"#,
+        r#"{"a":{"b":"c"}}"#,
+        r#"{"a":"1"]"#,
+        r#"{"a":"1"} x"#,
+        r#"{a:"1"}"#,
+        "{\"a\":\"x\u{1}y\"}",
+        "{\"a\":\"tab\there\"}",
+        r#"{"a":"\x"}"#,
+        r#"{"a":"\u12"}"#,
+        r#"{"a":"\ud800"}"#,
+        r#"{"a":"\"}"#,
+        r#"{"a":"1"}{"#,
+    ] {
+        assert_eq!(read_whole(text), None, "{text}");
+    }
+    // Invalid UTF-8 inside a string, read from bytes.
+    assert!(read(b"{\"a\":\"\xff\"}", 0).is_none());
+    assert!(read(b"{\"a\":\"\xc3\"}", 0).is_none());
+}
+
+#[test]
+fn read_from_a_body_stops_past_the_closing_brace() {
+    let body = br#"{"labels":{"a":"1","b":"2"},"annotations":null}"#;
+    let start = 10;
+    let (map, end) = read(body, start).unwrap_or_default();
+    assert_eq!(
+        pairs(&map),
+        [("a".into(), "1".into()), ("b".into(), "2".into())]
+    );
+    assert_eq!(&body[end..end + 2], b",\"");
+    // Not at a `{`.
+    assert!(read(body, start + 1).is_none());
+    assert!(read(body, body.len()).is_none());
+}
+
+/// Every byte of a map as the API server writes it, damaged into each of a set of bytes, and
+/// every cut of it: wherever this reader answers, serde_json gives the same map.
+#[test]
+fn damaged_maps_are_read_as_serde_json_reads_them_or_left_to_it() {
+    let sample = r#"{"beta.kubernetes.io/arch":"amd64","overcommit.dev/raw-allocatable":"{\"cpu\":\"15890m\",\"memory\":\"62Gi\"}","t\u00e9":"ça"}"#;
+    let replacements = b"\"\\{}[],: \t\n\x01\x7f\x80\xc3\xffau0n1";
+    let mut read_plainly = 0;
+    let mut compare = |body: &[u8]| {
+        let fast = read(body, 0);
+        let slow = std::str::from_utf8(body).ok().map(serde_map);
+        if let Some((map, end)) = fast {
+            read_plainly += 1;
+            // serde_json on the same bytes (anything after the object is not its concern).
+            let text = std::str::from_utf8(&body[..end]).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                Ok(map),
+                serde_map(text),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+            if end == body.len() {
+                assert!(
+                    matches!(slow, Some(Ok(_))),
+                    "{}",
+                    String::from_utf8_lossy(body)
+                );
+            }
+        }
+    };
+    let bytes = sample.as_bytes();
+    for i in 0..bytes.len() {
+        for &r in replacements {
+            let mut body = bytes.to_vec();
+            body[i] = r;
+            compare(&body);
+        }
+        compare(&bytes[..i]);
+    }
+    // Most damage inside strings leaves the map plainly written: the comparison is exercised.
+    assert!(read_plainly > bytes.len(), "{read_plainly}");
+}
