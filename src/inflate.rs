@@ -49,7 +49,7 @@ pub const APPLIED_ANNOTATION: &str = "overcommit.dev/applied";
 pub const MAX_UNITS: u128 = i64::MAX as u128;
 
 /// A string map as read from a review: borrowed where the JSON had no escapes.
-pub type StrMap<'a> = BTreeMap<Cow<'a, str>, Cow<'a, str>>;
+pub use crate::str_map::StrMap;
 
 /// The parts of a Node the rule reads.
 #[derive(Debug, Clone, Copy, Default)]

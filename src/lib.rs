@@ -2,7 +2,7 @@
 //! to the scheduler. See design.md for the architecture; module map:
 //!
 //! pure (no tokio, no kube client, no I/O): `policy`, `quantity`, `inflate`, `pods`, `patch`, `admission`,
-//! `borrowed` and `plain_map` (string maps read from a review)
+//! `str_map`, `borrowed` and `plain_map` (string maps read from a review)
 //! I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`
 #![forbid(unsafe_code)]
 
@@ -21,4 +21,5 @@ pub mod quantity;
 pub mod review;
 pub mod server;
 pub mod sources;
+pub mod str_map;
 pub mod watch;

@@ -208,7 +208,7 @@ pub fn read(body: &[u8], start: usize) -> Option<(StrMap<'_>, usize)> {
         let (map, read_to) = read_text(text, 0)?;
         return (start + read_to == end).then_some((map, end));
     }
-    let mut map = StrMap::new();
+    let mut map = StrMap::with_capacity(members);
     for &(key, value) in kept.get(..members)? {
         map.insert(text_of(text, shift(key))?, text_of(text, shift(value))?);
     }

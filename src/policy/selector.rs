@@ -18,6 +18,12 @@ where
     }
 }
 
+impl LabelLookup for crate::str_map::StrMap<'_> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(AsRef::as_ref)
+    }
+}
+
 impl<T: LabelLookup> LabelLookup for Option<T> {
     fn label(&self, key: &str) -> Option<&str> {
         self.as_ref()?.label(key)
