@@ -543,7 +543,7 @@ fn walk(
         panic!("not an object at {path:?}")
     };
     while let Ok(Some(member)) = members.next_member() {
-        let key = member.key.as_ref();
+        let key = std::str::from_utf8(&member.key).unwrap_or_else(|e| panic!("{e}"));
         let walked: &[&str] = match path {
             [] => &["request"],
             ["request"] if reads_old_object => &["object", "oldObject"],

@@ -350,15 +350,15 @@ fn read_review(body: &[u8]) -> Read<Review<'_>> {
         let envelope_known = seen.all(&[0, 1]);
         let mut once = |bit, name| seen.once(body, bit, name, member.key_end);
         match member.key.as_ref() {
-            "apiVersion" => {
+            b"apiVersion" => {
                 once(0, "apiVersion")?;
                 review.api_version = text(body, &mut members)?;
             }
-            "kind" => {
+            b"kind" => {
                 once(1, "kind")?;
                 review.kind = text(body, &mut members)?;
             }
-            "request" => {
+            b"request" => {
                 once(2, "request")?;
                 review.request = read_request(
                     body,
@@ -454,32 +454,32 @@ fn read_request<'a>(
         let node_fields_but_object_known = seen.all(&[0, 1, 2, 3, 5, 6]) && !seen.all(&[7]);
         let mut once = |bit, name| seen.once(body, bit, name, key_end);
         match member.key.as_ref() {
-            "uid" => {
+            b"uid" => {
                 once(0, "uid")?;
                 request.uid = text(body, &mut members)?;
             }
-            "kind" => {
+            b"kind" => {
                 once(1, "kind")?;
                 request.kind = field::<Option<KindIn<'a>>>(body, &mut members)?;
             }
-            "resource" => {
+            b"resource" => {
                 once(2, "resource")?;
                 request.resource = field::<Option<ResourceIn<'a>>>(body, &mut members)?;
             }
-            "name" => {
+            b"name" => {
                 once(3, "name")?;
                 request.name = text(body, &mut members)?;
             }
-            "namespace" => {
+            b"namespace" => {
                 once(4, "namespace")?;
                 request.namespace = text(body, &mut members)?;
             }
-            "operation" => {
+            b"operation" => {
                 once(5, "operation")?;
                 request.operation = text(body, &mut members)?;
             }
             // Not part of the envelope: a bad value fails the review open.
-            "subResource" => {
+            b"subResource" => {
                 keep(object_error, once(6, "subResource"))?;
                 let read = text(body, &mut members);
                 let value = keep_value(
@@ -491,7 +491,7 @@ fn read_request<'a>(
                 )?;
                 request.sub_resource = value.flatten();
             }
-            "object" => {
+            b"object" => {
                 keep(object_error, once(7, "object"))?;
                 // A node review (the API server writes every other field the rule and the
                 // answer use before `object`): reading may stop inside the object's status.
@@ -516,7 +516,7 @@ fn read_request<'a>(
                     }
                 }
             }
-            "oldObject" => {
+            b"oldObject" => {
                 // The API server writes oldObject after every field the rules read: when the
                 // stored annotations are not needed, the rest of the body is not read at all.
                 if node_fields_known
@@ -620,11 +620,16 @@ fn read_struct<'a, T: Default>(
     let mut seen = Seen::default();
     let mut stop_before: &[&str] = &[];
     while let Some(member) = members.next_member().map_err(scan_error(body))? {
-        let index = fields.iter().position(|f| *f == member.key);
+        let index = fields
+            .iter()
+            .position(|f| f.as_bytes() == member.key.as_ref());
         if let Some(index) = index {
             seen.once(body, index as u32, fields[index], member.key_end)?;
         }
-        if stop_before.contains(&member.key.as_ref()) {
+        if stop_before
+            .iter()
+            .any(|k| k.as_bytes() == member.key.as_ref())
+        {
             return Ok(Some((value, Ended::Stopped(member.value_start))));
         }
         stop_before = &[];
