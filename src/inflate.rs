@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::patch::{PatchOp, pointer};
+use crate::plain_json;
 use crate::policy::{CompiledPolicy, NodeChoice, PolicySet};
 use crate::quantity::{Format, Quantity, QuantityError, Ratio};
 
@@ -154,18 +155,34 @@ impl Serialize for RatiosOut<'_> {
 #[serde(transparent)]
 struct RawIn<'a>(#[serde(borrow, deserialize_with = "crate::borrowed::str_map")] StrMap<'a>);
 
-/// What this webhook wrote last time, read back from the annotations.
+/// A resource's entry: its name and what is recorded for it.
+type ByResource<'a, T> = (Cow<'a, str>, T);
+
+/// What this webhook wrote last time, read back from the annotations: by resource, sorted.
 struct Previous<'a> {
     /// resource -> (raw text, raw value)
-    raw: BTreeMap<Cow<'a, str>, (Cow<'a, str>, Quantity)>,
-    ratios: BTreeMap<Cow<'a, str>, Ratio>,
+    raw: Vec<ByResource<'a, (Cow<'a, str>, Quantity)>>,
+    ratios: Vec<ByResource<'a, Ratio>>,
+}
+
+/// The value of `key` in entries sorted by key.
+fn lookup<'e, T>(entries: &'e [(Cow<'_, str>, T)], key: &str) -> Option<&'e T> {
+    let at = entries
+        .binary_search_by(|(k, _)| k.as_ref().cmp(key))
+        .ok()?;
+    entries.get(at).map(|(_, value)| value)
 }
 
 impl Previous<'_> {
+    /// The raw text and value recorded for `resource`.
+    fn raw(&self, resource: &str) -> Option<&(Cow<'_, str>, Quantity)> {
+        lookup(&self.raw, resource)
+    }
+
     /// The allocatable this webhook wrote for `resource`, if it recorded one.
     fn written(&self, resource: &str) -> Option<Result<Quantity, InflateError>> {
-        let (_, raw) = self.raw.get(resource)?;
-        Some(match self.ratios.get(resource) {
+        let (_, raw) = self.raw(resource)?;
+        Some(match lookup(&self.ratios, resource) {
             Some(ratio) if !ratio.is_one() => inflate(resource, raw, ratio),
             _ => Ok(*raw),
         })
@@ -245,7 +262,7 @@ pub fn decide_with(
             .filter(|(_, ratio)| !ratio.is_one());
         let previous_raw = match previous
             .as_ref()
-            .and_then(|p| Some((p.raw.get(resource)?, p.written(resource)?)))
+            .and_then(|p| Some((p.raw(resource)?, p.written(resource)?)))
         {
             Some((raw, written)) => Some((raw, written?)),
             None => None,
@@ -365,7 +382,8 @@ fn read_previous<'a>(annotations: &'a StrMap<'_>) -> Result<Previous<'a>, String
     let applied_text = annotations
         .get(APPLIED_ANNOTATION)
         .ok_or_else(|| format!("{RAW_ALLOCATABLE_ANNOTATION} without {APPLIED_ANNOTATION}"))?;
-    let raw_map = match crate::plain_map::read_whole(raw_text) {
+    // Read without serde_json where they are as this webhook writes them (`plain_json`).
+    let raw_map = match plain_json::whole_map(raw_text) {
         Some(map) => map,
         None => {
             serde_json::from_str::<RawIn<'_>>(raw_text)
@@ -373,19 +391,26 @@ fn read_previous<'a>(annotations: &'a StrMap<'_>) -> Result<Previous<'a>, String
                 .0
         }
     };
-    let applied: AppliedIn<'_> =
-        serde_json::from_str(applied_text).map_err(|e| format!("{APPLIED_ANNOTATION}: {e}"))?;
-    let mut raw = BTreeMap::new();
+    let applied_ratios = match plain_json::applied(applied_text) {
+        Some((_policy, ratios)) => ratios,
+        None => {
+            serde_json::from_str::<AppliedIn<'_>>(applied_text)
+                .map_err(|e| format!("{APPLIED_ANNOTATION}: {e}"))?
+                .ratios
+        }
+    };
+    // Both maps come sorted and unique, and so do these.
+    let mut raw = Vec::with_capacity(raw_map.len());
     for (resource, text) in raw_map {
         let quantity = Quantity::parse(&text)
             .map_err(|e| format!("{RAW_ALLOCATABLE_ANNOTATION} {resource}: {e}"))?;
-        raw.insert(resource, (text, quantity));
+        raw.push((resource, (text, quantity)));
     }
-    let mut ratios = BTreeMap::new();
-    for (resource, text) in applied.ratios {
+    let mut ratios = Vec::with_capacity(applied_ratios.len());
+    for (resource, text) in applied_ratios {
         let ratio =
             Ratio::parse(&text).map_err(|e| format!("{APPLIED_ANNOTATION} {resource}: {e}"))?;
-        ratios.insert(resource, ratio);
+        ratios.push((resource, ratio));
     }
     Ok(Previous { raw, ratios })
 }

@@ -2,7 +2,7 @@
 //! to the scheduler. See design.md for the architecture; module map:
 //!
 //! pure (no tokio, no kube client, no I/O): `policy`, `quantity`, `inflate`, `pods`, `patch`, `admission`,
-//! `str_map`, `borrowed` and `plain_map` (string maps read from a review)
+//! `str_map`, `borrowed` and `plain_json` (string maps read from a review)
 //! I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`
 #![forbid(unsafe_code)]
 
@@ -13,7 +13,7 @@ pub mod inflate;
 pub mod leader;
 pub mod metrics;
 pub mod patch;
-pub mod plain_map;
+pub mod plain_json;
 pub mod pods;
 pub mod policy;
 pub mod probes;

@@ -107,7 +107,7 @@ use super::{
     ReviewResource, check_envelope, classify, describe_object,
 };
 use crate::inflate::{self, StrMap};
-use crate::plain_map;
+use crate::plain_json;
 
 /// Why a body could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +193,10 @@ struct Text<'a>(
 );
 
 fn text<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<Cow<'a, str>>> {
+    if let Some((text, end)) = plain_json::string_in(body, members.value_start()) {
+        members.value_read(end);
+        return Ok(Some(Cow::Borrowed(text)));
+    }
     field::<Text<'a>>(body, members).map(|t| t.0)
 }
 
@@ -204,7 +208,7 @@ struct Map<'a>(
 );
 
 fn str_map<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<StrMap<'a>>> {
-    if let Some((map, end)) = plain_map::read(body, members.value_start()) {
+    if let Some((map, end)) = plain_json::map_in(body, members.value_start()) {
         members.value_read(end);
         return Ok(Some(map));
     }

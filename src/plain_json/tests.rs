@@ -51,7 +51,7 @@ fn plainly_written_maps_are_read_as_serde_json_reads_them() {
         ),
     ];
     for (text, want) in cases {
-        let got = read_whole(text).unwrap_or_else(|| panic!("not read plainly: {text}"));
+        let got = whole_map(text).unwrap_or_else(|| panic!("not read plainly: {text}"));
         let want: Vec<(String, String)> = want
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -65,7 +65,7 @@ fn plainly_written_maps_are_read_as_serde_json_reads_them() {
 #[test]
 fn strings_without_escapes_are_borrowed() {
     let text = r#"{"cpu":"4","esc":"a\"b"}"#;
-    let map = read_whole(text).unwrap_or_default();
+    let map = whole_map(text).unwrap_or_default();
     for key in map.keys() {
         assert!(matches!(key, Cow::Borrowed(_)), "{key}");
     }
@@ -102,26 +102,26 @@ fn anything_not_plainly_written_is_left_to_serde_json() {
         r#"{"a":"\"}"#,
         r#"{"a":"1"}{"#,
     ] {
-        assert_eq!(read_whole(text), None, "{text}");
+        assert_eq!(whole_map(text), None, "{text}");
     }
     // Invalid UTF-8 inside a string, read from bytes.
-    assert!(read(b"{\"a\":\"\xff\"}", 0).is_none());
-    assert!(read(b"{\"a\":\"\xc3\"}", 0).is_none());
+    assert!(map_in(b"{\"a\":\"\xff\"}", 0).is_none());
+    assert!(map_in(b"{\"a\":\"\xc3\"}", 0).is_none());
 }
 
 #[test]
 fn read_from_a_body_stops_past_the_closing_brace() {
     let body = br#"{"labels":{"a":"1","b":"2"},"annotations":null}"#;
     let start = 10;
-    let (map, end) = read(body, start).unwrap_or_default();
+    let (map, end) = map_in(body, start).unwrap_or_default();
     assert_eq!(
         pairs(&map),
         [("a".into(), "1".into()), ("b".into(), "2".into())]
     );
     assert_eq!(&body[end..end + 2], b",\"");
     // Not at a `{`.
-    assert!(read(body, start + 1).is_none());
-    assert!(read(body, body.len()).is_none());
+    assert!(map_in(body, start + 1).is_none());
+    assert!(map_in(body, body.len()).is_none());
 }
 
 /// Every byte of a map as the API server writes it, damaged into each of a set of bytes, and
@@ -132,7 +132,7 @@ fn damaged_maps_are_read_as_serde_json_reads_them_or_left_to_it() {
     let replacements = b"\"\\{}[],: \t\n\x01\x7f\x80\xc3\xffau0n1";
     let mut read_plainly = 0;
     let mut compare = |body: &[u8]| {
-        let fast = read(body, 0);
+        let fast = map_in(body, 0);
         let slow = std::str::from_utf8(body).ok().map(serde_map);
         if let Some((map, end)) = fast {
             read_plainly += 1;
@@ -164,4 +164,74 @@ fn damaged_maps_are_read_as_serde_json_reads_them_or_left_to_it() {
     }
     // Most damage inside strings leaves the map plainly written: the comparison is exercised.
     assert!(read_plainly > bytes.len(), "{read_plainly}");
+}
+
+#[test]
+fn plain_strings_are_read_as_serde_json_reads_them_and_others_left_to_it() {
+    let read = |text: &str| string_in(text.as_bytes(), 0).map(|(s, end)| (s.to_string(), end));
+    for (text, want) in [
+        (r#""""#, Some(("", 2))),
+        (r#""uid-1""#, Some(("uid-1", 7))),
+        (r#""status","x""#, Some(("status", 8))),
+        (
+            r#""héllo wörld, 8+ bytes""#,
+            Some(("héllo wörld, 8+ bytes", 25)),
+        ),
+        // Escapes, raw control characters, not a string, cut: serde_json's to read.
+        (r#""a\"b""#, None),
+        (r#""\u0041""#, None),
+        ("\"a\u{1}\"", None),
+        ("null", None),
+        ("5", None),
+        (r#""abc"#, None),
+    ] {
+        let want = want.map(|(s, end)| (s.to_string(), end));
+        assert_eq!(read(text), want, "{text}");
+        if let Some((s, end)) = want {
+            let serde: String =
+                serde_json::from_str(&text[..end]).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(s, serde, "{text}");
+        }
+    }
+    assert!(string_in(b"\"\xff\"", 0).is_none());
+}
+
+/// The `overcommit.dev/applied` annotation: read as serde_json reads it where it is written as
+/// this webhook writes it, left to serde_json otherwise.
+#[test]
+fn the_applied_annotation_is_read_as_serde_json_reads_it_or_left_to_it() {
+    #[derive(serde::Deserialize)]
+    struct Applied<'a> {
+        #[serde(borrow, deserialize_with = "crate::borrowed::str")]
+        policy: Cow<'a, str>,
+        #[serde(borrow, deserialize_with = "crate::borrowed::str_map")]
+        ratios: StrMap<'a>,
+    }
+    for (text, plain) in [
+        (
+            r#"{"policy":"bench","ratios":{"cpu":"1.5","memory":"1.2","pods":"2"}}"#,
+            true,
+        ),
+        (r#" { "policy" : "p\"q" , "ratios" : { } } "#, true),
+        (r#"{"policy":"a","ratios":{"cpu":"2","cpu":"3"}}"#, true),
+        // Another order, other or missing members, duplicates, types: serde_json's to read.
+        (r#"{"ratios":{"cpu":"2"},"policy":"a"}"#, false),
+        (r#"{"policy":"a","ratios":{"cpu":"2"},"x":1}"#, false),
+        (r#"{"policy":"a","ratios":{"cpu":"2"},"policy":"b"}"#, false),
+        (r#"{"policy":"a"}"#, false),
+        (r#"{"policy":1,"ratios":{}}"#, false),
+        (r#"{"policy":"a","ratios":null}"#, false),
+        (r#"{"polic\u0079":"a","ratios":{}}"#, false),
+        (r#"{"policy":"a","ratios":{}}x"#, false),
+        (r#"{"policy":"a","ratios":{}"#, false),
+        (r#"["a",{}]"#, false),
+    ] {
+        let ours = applied(text);
+        assert_eq!(ours.is_some(), plain, "{text}");
+        if let Some((policy, ratios)) = ours {
+            let serde: Applied<'_> =
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!((policy, ratios), (serde.policy, serde.ratios), "{text}");
+        }
+    }
 }

@@ -1,18 +1,18 @@
-//! The fast way to read a JSON object of strings (labels, annotations, quantities, the
-//! overcommit annotations' maps) when it is plainly written: `{"key":"value",...}`, any JSON
-//! whitespace between tokens, keys and values strings. Pure.
+//! The fast way to read plainly written JSON: a string, an object of strings (labels,
+//! annotations, quantities, the overcommit annotations' maps) written `{"key":"value",...}`
+//! with any JSON whitespace between tokens, and the `overcommit.dev/applied` annotation. Pure.
 //!
 //! serde_json reading such a map costs ~150 instructions per string (finding its end, then a
-//! UTF-8 check of each string on its own, then the map's plumbing); a node status review has
-//! ~70 of them, a third of what answering it costs. Here a string's end is found 8 bytes at a
-//! time and the whole object's text is checked as UTF-8 once.
+//! UTF-8 check of each string on its own, then the map's plumbing), and a string field read on
+//! its own ~400; a node status review has ~80 of them, a third of what answering it costs. Here
+//! a string's end is found 8 bytes at a time and an object's text is checked as UTF-8 once.
 //!
 //! Anything else (`null`, another type, a value that is not a string, a raw control character
 //! in a string, a trailing comma, invalid UTF-8, a cut body) gives `None`, and the caller reads
 //! the value with serde_json: what is accepted, refused and how it is worded stays
-//! serde_json's. A string with escapes is decoded by serde_json itself. So, where this reader
-//! answers, serde_json gives the same map: a key given twice keeps its last value, as in
-//! `borrowed::str_map`; the table tests below compare the two.
+//! serde_json's. A `\u` escape is decoded by serde_json itself. So, where this reader answers,
+//! serde_json gives the same value: a key given twice keeps its last value, as in
+//! `borrowed::str_map`; the tests beside compare the two, also on damaged input.
 
 use std::borrow::Cow;
 
@@ -186,7 +186,7 @@ const NO_SPAN: Span = Span {
 
 /// The object of strings whose `{` is at `body[start]`, borrowed from the body, and the index
 /// past its `}`; `None` where serde_json must read it.
-pub fn read(body: &[u8], start: usize) -> Option<(StrMap<'_>, usize)> {
+pub fn map_in(body: &[u8], start: usize) -> Option<(StrMap<'_>, usize)> {
     // Walked once to find its end (keeping where up to 32 members are), so that its text is
     // checked as UTF-8 in one go; a larger map is walked again in the text.
     let mut kept = [(NO_SPAN, NO_SPAN); KEPT_MEMBERS];
@@ -215,12 +215,53 @@ pub fn read(body: &[u8], start: usize) -> Option<(StrMap<'_>, usize)> {
     Some((map, end))
 }
 
+/// The string whose opening quote is at `body[start]` if it has no escapes (a string with
+/// escapes is left to serde_json), and the index past its closing quote.
+pub fn string_in(body: &[u8], start: usize) -> Option<(&str, usize)> {
+    let span = string(body, start)?;
+    if span.escaped {
+        return None;
+    }
+    let inside = std::str::from_utf8(body.get(span.start + 1..span.end - 1)?).ok()?;
+    Some((inside, span.end))
+}
+
 /// A whole text that is one object of strings (JSON whitespace around it allowed, as
 /// `serde_json::from_str` allows); `None` where serde_json must read it.
-pub fn read_whole(text: &str) -> Option<StrMap<'_>> {
+pub fn whole_map(text: &str) -> Option<StrMap<'_>> {
     let start = skip_whitespace(text.as_bytes(), 0);
     let (map, end) = read_text(text, start)?;
     (skip_whitespace(text.as_bytes(), end) == text.len()).then_some(map)
+}
+
+/// The `overcommit.dev/applied` annotation as this webhook writes it, `{"policy": string,
+/// "ratios": object of strings}` (those two members, in that order): the policy and the
+/// ratios; `None` where serde_json must read it (other members, another order, ...).
+pub fn applied(text: &str) -> Option<(Cow<'_, str>, StrMap<'_>)> {
+    let bytes = text.as_bytes();
+    let key_then_colon = |at: usize, name: &str| {
+        let key = string(bytes, at)?;
+        let plain_name = !key.escaped && text.get(key.start + 1..key.end - 1) == Some(name);
+        let colon = skip_whitespace(bytes, key.end);
+        (plain_name && bytes.get(colon) == Some(&b':')).then(|| skip_whitespace(bytes, colon + 1))
+    };
+    let open = skip_whitespace(bytes, 0);
+    if bytes.get(open) != Some(&b'{') {
+        return None;
+    }
+    let at = key_then_colon(skip_whitespace(bytes, open + 1), "policy")?;
+    let policy = string(bytes, at)?;
+    let comma = skip_whitespace(bytes, policy.end);
+    if bytes.get(comma) != Some(&b',') {
+        return None;
+    }
+    let at = key_then_colon(skip_whitespace(bytes, comma + 1), "ratios")?;
+    let (ratios, end) = read_text(text, at)?;
+    let close = skip_whitespace(bytes, end);
+    if bytes.get(close) != Some(&b'}') {
+        return None;
+    }
+    (skip_whitespace(bytes, close + 1) == bytes.len()).then_some((text_of(text, policy)?, ratios))
 }
 
 #[cfg(test)]
