@@ -84,11 +84,18 @@ fn string(bytes: &[u8], at: usize) -> Option<Span> {
                     escaped,
                 });
             }
-            // The escape's own byte is stepped over; serde_json checks what it spells.
+            // The escape's own byte is stepped over; serde_json checks what it spells. Strings
+            // with escapes are JSON in JSON, escapes a few bytes apart: byte by byte.
             b'\\' => {
                 escaped = true;
                 bytes.get(i + 1)?;
-                i = string_stop(bytes, i + 2);
+                i += 2;
+                while let Some(&byte) = bytes.get(i) {
+                    if byte == b'"' || byte == b'\\' || byte < 0x20 {
+                        break;
+                    }
+                    i += 1;
+                }
             }
             _ => return None,
         }
