@@ -51,6 +51,7 @@ pub const MAX_UNITS: u128 = i64::MAX as u128;
 
 /// A string map as read from a review: borrowed where the JSON had no escapes.
 pub use crate::str_map::StrMap;
+use crate::str_map::VecMap;
 
 /// The parts of a Node the rule reads.
 #[derive(Debug, Clone, Copy, Default)]
@@ -155,34 +156,18 @@ impl Serialize for RatiosOut<'_> {
 #[serde(transparent)]
 struct RawIn<'a>(#[serde(borrow, deserialize_with = "crate::borrowed::str_map")] StrMap<'a>);
 
-/// A resource's entry: its name and what is recorded for it.
-type ByResource<'a, T> = (Cow<'a, str>, T);
-
-/// What this webhook wrote last time, read back from the annotations: by resource, sorted.
+/// What this webhook wrote last time, read back from the annotations.
 struct Previous<'a> {
     /// resource -> (raw text, raw value)
-    raw: Vec<ByResource<'a, (Cow<'a, str>, Quantity)>>,
-    ratios: Vec<ByResource<'a, Ratio>>,
-}
-
-/// The value of `key` in entries sorted by key.
-fn lookup<'e, T>(entries: &'e [(Cow<'_, str>, T)], key: &str) -> Option<&'e T> {
-    let at = entries
-        .binary_search_by(|(k, _)| k.as_ref().cmp(key))
-        .ok()?;
-    entries.get(at).map(|(_, value)| value)
+    raw: VecMap<'a, (Cow<'a, str>, Quantity)>,
+    ratios: VecMap<'a, Ratio>,
 }
 
 impl Previous<'_> {
-    /// The raw text and value recorded for `resource`.
-    fn raw(&self, resource: &str) -> Option<&(Cow<'_, str>, Quantity)> {
-        lookup(&self.raw, resource)
-    }
-
     /// The allocatable this webhook wrote for `resource`, if it recorded one.
     fn written(&self, resource: &str) -> Option<Result<Quantity, InflateError>> {
-        let (_, raw) = self.raw(resource)?;
-        Some(match lookup(&self.ratios, resource) {
+        let (_, raw) = self.raw.get(resource)?;
+        Some(match self.ratios.get(resource) {
             Some(ratio) if !ratio.is_one() => inflate(resource, raw, ratio),
             _ => Ok(*raw),
         })
@@ -262,7 +247,7 @@ pub fn decide_with(
             .filter(|(_, ratio)| !ratio.is_one());
         let previous_raw = match previous
             .as_ref()
-            .and_then(|p| Some((p.raw(resource)?, p.written(resource)?)))
+            .and_then(|p| Some((p.raw.get(resource)?, p.written(resource)?)))
         {
             Some((raw, written)) => Some((raw, written?)),
             None => None,
@@ -399,18 +384,18 @@ fn read_previous<'a>(annotations: &'a StrMap<'_>) -> Result<Previous<'a>, String
                 .ratios
         }
     };
-    // Both maps come sorted and unique, and so do these.
-    let mut raw = Vec::with_capacity(raw_map.len());
+    // Both maps come sorted: each insert is a push.
+    let mut raw = VecMap::with_capacity(raw_map.len());
     for (resource, text) in raw_map {
         let quantity = Quantity::parse(&text)
             .map_err(|e| format!("{RAW_ALLOCATABLE_ANNOTATION} {resource}: {e}"))?;
-        raw.push((resource, (text, quantity)));
+        raw.insert(resource, (text, quantity));
     }
-    let mut ratios = Vec::with_capacity(applied_ratios.len());
+    let mut ratios = VecMap::with_capacity(applied_ratios.len());
     for (resource, text) in applied_ratios {
         let ratio =
             Ratio::parse(&text).map_err(|e| format!("{APPLIED_ANNOTATION} {resource}: {e}"))?;
-        ratios.push((resource, ratio));
+        ratios.insert(resource, ratio);
     }
     Ok(Previous { raw, ratios })
 }

@@ -1,5 +1,6 @@
-//! A map of strings as read from a review (labels, annotations, quantities): borrowed where
-//! the JSON had no escapes. Pure.
+//! Maps by string key as read from a review (labels, annotations, quantities: `StrMap`, keys
+//! and values borrowed where the JSON had no escapes), and the values read back from the
+//! overcommit annotations. Pure.
 //!
 //! It behaves as a `BTreeMap` (keys unique and in order, a key inserted twice keeps its last
 //! value) but is a sorted vector: these maps hold a handful of entries, and the API server
@@ -10,15 +11,24 @@
 use std::borrow::Cow;
 use std::fmt;
 
-type Entry<'a> = (Cow<'a, str>, Cow<'a, str>);
-
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct StrMap<'a> {
-    /// Sorted by key, keys unique.
-    entries: Vec<Entry<'a>>,
+/// A map by string key, as a vector sorted by key (keys unique).
+#[derive(Clone, PartialEq, Eq)]
+pub struct VecMap<'a, V> {
+    entries: Vec<(Cow<'a, str>, V)>,
 }
 
-impl<'a> StrMap<'a> {
+/// Labels, annotations, quantities.
+pub type StrMap<'a> = VecMap<'a, Cow<'a, str>>;
+
+impl<V> Default for VecMap<'_, V> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<'a, V> VecMap<'a, V> {
     pub fn new() -> Self {
         Self::default()
     }
@@ -34,7 +44,7 @@ impl<'a> StrMap<'a> {
     }
 
     /// Insert, or replace the value of an equal key.
-    pub fn insert(&mut self, key: Cow<'a, str>, value: Cow<'a, str>) {
+    pub fn insert(&mut self, key: Cow<'a, str>, value: V) {
         match self.entries.last() {
             Some((last, _)) if *last < key => self.entries.push((key, value)),
             None => self.entries.push((key, value)),
@@ -49,7 +59,7 @@ impl<'a> StrMap<'a> {
         }
     }
 
-    pub fn get(&self, key: &str) -> Option<&Cow<'a, str>> {
+    pub fn get(&self, key: &str) -> Option<&V> {
         let at = self.find(key).ok()?;
         self.entries.get(at).map(|(_, value)| value)
     }
@@ -67,7 +77,7 @@ impl<'a> StrMap<'a> {
     }
 
     /// Entries in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&Cow<'a, str>, &Cow<'a, str>)> + Clone {
+    pub fn iter(&self) -> impl Iterator<Item = (&Cow<'a, str>, &V)> + Clone {
         self.entries.iter().map(|(key, value)| (key, value))
     }
 
@@ -76,11 +86,11 @@ impl<'a> StrMap<'a> {
     }
 }
 
-impl<'m, 'a> IntoIterator for &'m StrMap<'a> {
-    type Item = (&'m Cow<'a, str>, &'m Cow<'a, str>);
+impl<'m, 'a, V> IntoIterator for &'m VecMap<'a, V> {
+    type Item = (&'m Cow<'a, str>, &'m V);
     type IntoIter = std::iter::Map<
-        std::slice::Iter<'m, Entry<'a>>,
-        fn(&'m Entry<'a>) -> (&'m Cow<'a, str>, &'m Cow<'a, str>),
+        std::slice::Iter<'m, (Cow<'a, str>, V)>,
+        fn(&'m (Cow<'a, str>, V)) -> (&'m Cow<'a, str>, &'m V),
     >;
 
     fn into_iter(self) -> Self::IntoIter {
@@ -88,18 +98,18 @@ impl<'m, 'a> IntoIterator for &'m StrMap<'a> {
     }
 }
 
-impl<'a> IntoIterator for StrMap<'a> {
-    type Item = Entry<'a>;
-    type IntoIter = std::vec::IntoIter<Entry<'a>>;
+impl<'a, V> IntoIterator for VecMap<'a, V> {
+    type Item = (Cow<'a, str>, V);
+    type IntoIter = std::vec::IntoIter<(Cow<'a, str>, V)>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.entries.into_iter()
     }
 }
 
-impl<'a> FromIterator<Entry<'a>> for StrMap<'a> {
-    fn from_iter<I: IntoIterator<Item = Entry<'a>>>(entries: I) -> Self {
-        let mut map = StrMap::new();
+impl<'a, V> FromIterator<(Cow<'a, str>, V)> for VecMap<'a, V> {
+    fn from_iter<I: IntoIterator<Item = (Cow<'a, str>, V)>>(entries: I) -> Self {
+        let mut map = VecMap::new();
         for (key, value) in entries {
             map.insert(key, value);
         }
@@ -107,7 +117,7 @@ impl<'a> FromIterator<Entry<'a>> for StrMap<'a> {
     }
 }
 
-impl fmt::Debug for StrMap<'_> {
+impl<V: fmt::Debug> fmt::Debug for VecMap<'_, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.iter()).finish()
     }

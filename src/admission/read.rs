@@ -3,9 +3,9 @@
 //! `plain_json`, which leaves anything else to serde_json and answers as it does); everything
 //! else is stepped over by `scan`, without building or visiting it token by token, and what
 //! comes after the last field a node status review's decision needs is not read at all (the
-//! unread tail, below). `oldObject` is
-//! read (its `metadata.annotations` only) when the node rule needs the stored annotations: a
-//! node review whose object carries neither overcommit annotation.
+//! unread tail, below). `oldObject` is read (its `metadata.annotations` only) when the node
+//! rule needs the stored annotations: a node review whose object carries neither overcommit
+//! annotation.
 //!
 //! Walked: the review object, `request`, `object`, `object.metadata`, `object.status`, and in
 //! the fallback `oldObject` and `oldObject.metadata`. Read with serde_json: `apiVersion`,
