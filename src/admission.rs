@@ -559,7 +559,7 @@ fn bad_request(message: &str) -> (Handled, Option<String>) {
 }
 
 mod read;
-mod scan;
+pub(crate) mod scan;
 
 #[cfg(test)]
 mod equivalence;

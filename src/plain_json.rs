@@ -16,6 +16,7 @@
 
 use std::borrow::Cow;
 
+use crate::admission::scan::skip_ws;
 use crate::inflate::StrMap;
 
 const ONES: u64 = u64::MAX / 255;
@@ -50,13 +51,6 @@ fn string_stop(bytes: &[u8], from: usize) -> usize {
         .position(|&byte| byte == b'"' || byte == b'\\' || byte < 0x20)
         .unwrap_or(tail.len());
     bytes.len() - tail.len() + at
-}
-
-fn skip_whitespace(bytes: &[u8], mut i: usize) -> usize {
-    while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(i) {
-        i += 1;
-    }
-    i
 }
 
 /// A string in the text: its quotes at `start` and `end - 1`; `escaped` if it has a backslash.
@@ -112,22 +106,22 @@ fn walk(
     if bytes.get(start) != Some(&b'{') {
         return None;
     }
-    let mut i = skip_whitespace(bytes, start + 1);
+    let mut i = skip_ws(bytes, start + 1);
     if bytes.get(i) == Some(&b'}') {
         return Some(i + 1);
     }
     loop {
         let key = string(bytes, i)?;
-        i = skip_whitespace(bytes, key.end);
+        i = skip_ws(bytes, key.end);
         if bytes.get(i) != Some(&b':') {
             return None;
         }
-        i = skip_whitespace(bytes, i + 1);
+        i = skip_ws(bytes, i + 1);
         let value = string(bytes, i)?;
         member(key, value)?;
-        i = skip_whitespace(bytes, value.end);
+        i = skip_ws(bytes, value.end);
         match bytes.get(i)? {
-            b',' => i = skip_whitespace(bytes, i + 1),
+            b',' => i = skip_ws(bytes, i + 1),
             b'}' => return Some(i + 1),
             _ => return None,
         }
@@ -236,9 +230,9 @@ pub fn string_in(body: &[u8], start: usize) -> Option<(&str, usize)> {
 /// A whole text that is one object of strings (JSON whitespace around it allowed, as
 /// `serde_json::from_str` allows); `None` where serde_json must read it.
 pub fn whole_map(text: &str) -> Option<StrMap<'_>> {
-    let start = skip_whitespace(text.as_bytes(), 0);
+    let start = skip_ws(text.as_bytes(), 0);
     let (map, end) = read_text(text, start)?;
-    (skip_whitespace(text.as_bytes(), end) == text.len()).then_some(map)
+    (skip_ws(text.as_bytes(), end) == text.len()).then_some(map)
 }
 
 /// The `overcommit.dev/applied` annotation as this webhook writes it, `{"policy": string,
@@ -249,26 +243,26 @@ pub fn applied(text: &str) -> Option<(Cow<'_, str>, StrMap<'_>)> {
     let key_then_colon = |at: usize, name: &str| {
         let key = string(bytes, at)?;
         let plain_name = !key.escaped && text.get(key.start + 1..key.end - 1) == Some(name);
-        let colon = skip_whitespace(bytes, key.end);
-        (plain_name && bytes.get(colon) == Some(&b':')).then(|| skip_whitespace(bytes, colon + 1))
+        let colon = skip_ws(bytes, key.end);
+        (plain_name && bytes.get(colon) == Some(&b':')).then(|| skip_ws(bytes, colon + 1))
     };
-    let open = skip_whitespace(bytes, 0);
+    let open = skip_ws(bytes, 0);
     if bytes.get(open) != Some(&b'{') {
         return None;
     }
-    let at = key_then_colon(skip_whitespace(bytes, open + 1), "policy")?;
+    let at = key_then_colon(skip_ws(bytes, open + 1), "policy")?;
     let policy = string(bytes, at)?;
-    let comma = skip_whitespace(bytes, policy.end);
+    let comma = skip_ws(bytes, policy.end);
     if bytes.get(comma) != Some(&b',') {
         return None;
     }
-    let at = key_then_colon(skip_whitespace(bytes, comma + 1), "ratios")?;
+    let at = key_then_colon(skip_ws(bytes, comma + 1), "ratios")?;
     let (ratios, end) = read_text(text, at)?;
-    let close = skip_whitespace(bytes, end);
+    let close = skip_ws(bytes, end);
     if bytes.get(close) != Some(&b'}') {
         return None;
     }
-    (skip_whitespace(bytes, close + 1) == bytes.len()).then_some((text_of(text, policy)?, ratios))
+    (skip_ws(bytes, close + 1) == bytes.len()).then_some((text_of(text, policy)?, ratios))
 }
 
 #[cfg(test)]
