@@ -20,6 +20,7 @@ import http.client
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -392,6 +393,43 @@ def steady_latencies(db: Path, start_up: float = START_UP_S) -> dict:
                                      (("p50_ms", 0.5), ("p99_ms", 0.99), ("p999_ms", 0.999))}}
 
 
+class MachineSample:
+    """What the rest of the machine did around a step: the CPU time every process but the server
+    and the load generator used (all CPUs' busy time from /proc/stat, minus the two) and the time
+    the hypervisor took the CPUs away (steal). A fixed-rate step's tail is the machine's as much
+    as the server's; these say which it was. (CPU pressure, PSI, is no help here: it counts the
+    others waiting while the two SCHED_FIFO tasks run.)"""
+
+    def __init__(self, server: Server):
+        self.server = server
+        self.at = time.monotonic()
+        self.busy, self.steal = self._cpu_jiffies()
+        self.server_cpu = server.cpu_seconds()
+        self.children_cpu = self._children_cpu()
+
+    @staticmethod
+    def _cpu_jiffies() -> tuple[int, int]:
+        # cpu  user nice system idle iowait irq softirq steal ...
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields[i] for i in (0, 1, 2, 5, 6)), fields[7] if len(fields) > 7 else 0
+
+    @staticmethod
+    def _children_cpu() -> float:
+        # The load generator is a child the step waited for: its CPU time is here once it ended.
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ru.ru_utime + ru.ru_stime
+
+    def since(self) -> dict:
+        """ms per second of the step: others' CPU and steal."""
+        seconds = max(time.monotonic() - self.at, 1e-3)
+        busy, steal = self._cpu_jiffies()
+        tick = os.sysconf("SC_CLK_TCK")
+        ours = (self.server.cpu_seconds() - self.server_cpu) + (self._children_cpu() - self.children_cpu)
+        others = max(0.0, (busy - self.busy) / tick - ours)
+        per_s = lambda x: round(x * 1000.0 / seconds, 1)  # noqa: E731
+        return {"others_cpu_ms_per_s": per_s(others), "steal_ms_per_s": per_s((steal - self.steal) / tick)}
+
+
 def load(oha: Path, server: Server, payload: str, body_file: Path, tls: Path, **kw) -> dict:
     cmd = oha_cmd(oha, server, payload, body_file, tls, **kw)
     realtime = REALTIME and kw.get("rate") is not None
@@ -403,12 +441,14 @@ def load(oha: Path, server: Server, payload: str, body_file: Path, tls: Path, **
         cmd = ["chrt", "-f", "10", *cmd]
         set_realtime(server.proc.pid, True)
     cpu0 = server.cpu_seconds()
+    machine_sample = MachineSample(server)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True)
     finally:
         cpu1 = server.cpu_seconds()
         if realtime:
             set_realtime(server.proc.pid, False)
+    machine_during = machine_sample.since()
     if r.returncode != 0:
         raise RuntimeError(f"oha failed ({r.returncode}): {r.stderr.strip()[:500]}")
     doc = json.loads(r.stdout)
@@ -425,6 +465,7 @@ def load(oha: Path, server: Server, payload: str, body_file: Path, tls: Path, **
         "p50_ms": ms("p50"), "p99_ms": ms("p99"), "p999_ms": ms("p99.9"),
         "cpu_s_per_1k": (cpu1 - cpu0) / ok * 1000 if ok else None,
         "target_rate": kw.get("rate"), "conns": kw.get("conns"), "realtime": realtime,
+        "machine": machine_during,
     }
     if kw.get("rate") is not None:
         # The step's percentiles are its steady state; oha's whole-step figures stay beside them.
@@ -548,6 +589,7 @@ def closed_loops(oha, servers: list[Server], payload: str, f: Path, tls: Path, q
 
 
 def bench_server_payload(oha, s: Server, payload: str, f: Path, tls: Path, quick: bool, closed: list[dict]) -> dict:
+    import report
     best = max(closed, key=lambda r: r["rps"])
     rates = []
     half = None
@@ -562,12 +604,13 @@ def bench_server_payload(oha, s: Server, payload: str, f: Path, tls: Path, quick
             again = load(oha, s, payload, f, tls, conns=RATE_CONNS, seconds=round(step, 1), rate=rate)
             r, other = sorted([r, again], key=lambda x: x["p99_ms"])
             r["other_try_p99_ms"] = other["p99_ms"]
+            r["other_try_machine"] = other["machine"]
         r["fraction"] = frac
         rates.append(r)
         if frac == 0.5:
             half = r
         log(f"  {s.name} {payload} @{rate}/s ({frac:.0%} of max): {r['rps']:.0f}/s p50 {r['p50_ms']:.2f} "
-            f"p99 {r['p99_ms']:.2f} p99.9 {r['p999_ms']:.2f} ms")
+            f"p99 {r['p99_ms']:.2f} p99.9 {r['p999_ms']:.2f} ms; machine {report.describe_machine(r['machine'])}")
         if r["p99_ms"] > P99_LIMIT_MS and frac >= 0.5:
             break
     log(f"  {s.name} {payload}: max {best['rps']:.0f}/s; at half max p99 {half['p99_ms']:.2f} ms")
