@@ -478,6 +478,51 @@ def load(oha: Path, server: Server, payload: str, body_file: Path, tls: Path, **
     return result
 
 
+# Cycles per request: perf stat on the server process around two closed-loop runs of different
+# lengths, the difference divided by the extra requests (the connections' handshakes cancel out).
+# Host noise moves req/s by 20% within minutes; it moves cycles per request by a few %, so this
+# is the steadier view of the same throughput ratio.
+CYCLE_RUNS = (4000, 24000)
+CYCLE_ROUNDS = 5
+CYCLE_CONNS = 8
+
+
+def perf_counts(pid: int, argv: list[str]) -> dict | None:
+    """cycles and instructions of process `pid` while `argv` runs; None where perf cannot count."""
+    out = OUT / "perf-stat.csv"
+    r = subprocess.run(["perf", "stat", "-x", ",", "-e", "cycles,instructions", "-p", str(pid), "-o", str(out),
+                        "--", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    counts = {}
+    for line in out.read_text().splitlines() if r.returncode == 0 and out.exists() else []:
+        fields = line.split(",")
+        if len(fields) > 2 and fields[2] in ("cycles", "instructions") and fields[0].isdigit():
+            counts[fields[2]] = int(fields[0])
+    return counts if len(counts) == 2 else None
+
+
+def cycles_per_request(oha: Path, servers: list[Server], payload: str, body_file: Path, tls: Path) -> dict:
+    """Each server's cycles and instructions per request on `payload`, the median of
+    CYCLE_ROUNDS rounds in which the servers take turns; {} where perf cannot count."""
+    import statistics
+    rounds: dict[str, list[dict]] = {s.name: [] for s in servers}
+    for _ in range(CYCLE_ROUNDS):
+        for s in servers:
+            short, long = (perf_counts(s.proc.pid, oha_cmd(oha, s, payload, body_file, tls, conns=CYCLE_CONNS,
+                                                            requests=n)) for n in CYCLE_RUNS)
+            if short is None or long is None:
+                return {}
+            extra = CYCLE_RUNS[1] - CYCLE_RUNS[0]
+            rounds[s.name].append({k: (long[k] - short[k]) / extra for k in ("cycles", "instructions")})
+    out = {}
+    for name, rs in rounds.items():
+        out[name] = {"cycles": statistics.median(r["cycles"] for r in rs),
+                     "instructions": statistics.median(r["instructions"] for r in rs),
+                     "rounds": rs, "conns": CYCLE_CONNS}
+        log(f"  {name} {payload}: {out[name]['cycles']:,.0f} cycles, {out[name]['instructions']:,.0f} "
+            f"instructions per request (perf stat, median of {len(rs)})")
+    return out
+
+
 def rss_with_connections(server: Server, tls: Path, payload: str, body: bytes, n: int = 128) -> int:
     """VmRSS (KiB) of the server with n TLS keep-alive connections open, each having served one review."""
     conns = []
@@ -566,7 +611,9 @@ RATE_CONNS = 8  # few, like the API server's pool per webhook
 
 # Closed-loop runs alternate the servers in rounds: this machine's speed drifts by 20% and more
 # within the hour, and one server measured minutes after another would carry that into the ratio.
-CLOSED_ROUNDS = 3
+# Each server's best run counts; with three rounds one server could miss the machine's quiet
+# spells altogether (node-55k rounds of 85%, 55% and 69% in one run), so five.
+CLOSED_ROUNDS = 5
 CLOSED_CONNS = (16, 64)
 
 
@@ -644,6 +691,9 @@ def cmd_run(args) -> int:
                 results["servers"][s.name]["payloads"][payload] = bench_server_payload(
                     oha, s, payload, files[payload], tls, args.quick, closed[s.name])
             (OUT / "results.json").write_text(json.dumps(results, indent=1))
+        measured = [s for s in servers if s.name in ("kube-overcommit", "floor")]
+        if "node-55k" in files and perf_works() and len(measured) == 2:
+            results["cycles"] = {"node-55k": cycles_per_request(oha, measured, "node-55k", files["node-55k"], tls)}
         for s in servers:
             res = results["servers"][s.name]
             res["rss_128_conns_kib"] = rss_with_connections(s, tls, "node-55k", files["node-55k"].read_bytes())

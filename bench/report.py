@@ -102,6 +102,16 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
                     f"{cap(p) / cap(fl) * 100:.0f}%{_per_round(round_ratios(servers, TARGET_PAYLOAD, 'cpu'))} "
                     f"({cap(p):,.0f} vs {cap(fl):,.0f} req/s per core; Go {cap(g):,.0f}, "
                     f"so {cap(p) / cap(g):.1f}x Go)", cap(p) / cap(fl) >= 0.7))
+        cycles = (results.get("cycles") or {}).get(TARGET_PAYLOAD) or {}
+        if PRODUCT in cycles and FLOOR in cycles:
+            ours, floor = cycles[PRODUCT], cycles[FLOOR]
+            per_round = [f["cycles"] / o["cycles"] for o, f in zip(ours["rounds"], floor["rounds"])]
+            out.append((f"same, by CPU cycles per request (perf stat on the server, {ours['conns']} connections, "
+                        "median of the rounds)",
+                        f"{floor['cycles'] / ours['cycles'] * 100:.0f}%{_per_round(per_round)} "
+                        f"({ours['cycles']:,.0f} vs {floor['cycles']:,.0f} cycles; "
+                        f"{ours['instructions']:,.0f} vs {floor['instructions']:,.0f} instructions)",
+                        floor["cycles"] / ours["cycles"] >= 0.7))
         half = p["half_max"]
         # The floor's own figure tells what the load generator and the machine allow at such rates.
         fh = fl.get("half_max") or {}
