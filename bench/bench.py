@@ -683,6 +683,11 @@ def cmd_run(args) -> int:
         start_all(servers, files, tls)
         results["payloads"] = check_equivalence(servers, files, tls)
         results["servers"] = {s.name: {"payloads": {}} for s in servers}
+        # Also before any load: what the connections themselves cost, apart from what the
+        # allocator keeps of the run's peaks (measured again at the end, the target's figure).
+        for s in servers:
+            results["servers"][s.name]["fresh_rss_128_conns_kib"] = rss_with_connections(
+                s, tls, "node-55k", files["node-55k"].read_bytes())
         for payload in PAYLOADS:
             if payload not in files:
                 continue
