@@ -24,6 +24,7 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import ssl
 import subprocess
 import sys
@@ -480,8 +481,8 @@ def load(oha: Path, server: Server, payload: str, body_file: Path, tls: Path, **
 
 # Cycles per request: perf stat on the server process around two closed-loop runs of different
 # lengths, the difference divided by the extra requests (the connections' handshakes cancel out).
-# Host noise moves req/s by 20% within minutes; it moves cycles per request by a few %, so this
-# is the steadier view of the same throughput ratio.
+# A third view of the throughput ratio, one the one-core load generator cannot bound; host noise
+# still moves it (kube-overcommit 72k-98k cycles per round within minutes), hence the median.
 CYCLE_RUNS = (4000, 24000)
 CYCLE_ROUNDS = 5
 CYCLE_CONNS = 8
@@ -503,7 +504,6 @@ def perf_counts(pid: int, argv: list[str]) -> dict | None:
 def cycles_per_request(oha: Path, servers: list[Server], payload: str, body_file: Path, tls: Path) -> dict:
     """Each server's cycles and instructions per request on `payload`, the median of
     CYCLE_ROUNDS rounds in which the servers take turns; {} where perf cannot count."""
-    import statistics
     rounds: dict[str, list[dict]] = {s.name: [] for s in servers}
     for _ in range(CYCLE_ROUNDS):
         for s in servers:
