@@ -156,21 +156,25 @@ impl Serialize for RatiosOut<'_> {
 #[serde(transparent)]
 struct RawIn<'a>(#[serde(borrow, deserialize_with = "crate::borrowed::str_map")] StrMap<'a>);
 
+/// A resource's raw allocatable as recorded: its text and value.
+type RawRecord<'a> = (Cow<'a, str>, Quantity);
+
 /// What this webhook wrote last time, read back from the annotations.
 struct Previous<'a> {
-    /// resource -> (raw text, raw value)
-    raw: VecMap<'a, (Cow<'a, str>, Quantity)>,
+    raw: VecMap<'a, RawRecord<'a>>,
     ratios: VecMap<'a, Ratio>,
 }
 
 impl Previous<'_> {
-    /// The allocatable this webhook wrote for `resource`, if it recorded one.
-    fn written(&self, resource: &str) -> Option<Result<Quantity, InflateError>> {
-        let (_, raw) = self.raw.get(resource)?;
-        Some(match self.ratios.get(resource) {
-            Some(ratio) if !ratio.is_one() => inflate(resource, raw, ratio),
-            _ => Ok(*raw),
-        })
+    /// What this webhook recorded for `resource`, if anything: the raw text and value, and the
+    /// allocatable it wrote from them.
+    fn recorded(&self, resource: &str) -> Option<(&RawRecord<'_>, Result<Quantity, InflateError>)> {
+        let recorded = self.raw.get(resource)?;
+        let written = match self.ratios.get(resource) {
+            Some(ratio) if !ratio.is_one() => inflate(resource, &recorded.1, ratio),
+            _ => Ok(recorded.1),
+        };
+        Some((recorded, written))
     }
 }
 
@@ -245,10 +249,7 @@ pub fn decide_with(
         let ratio = policy
             .and_then(|p| p.ratios.get(resource))
             .filter(|(_, ratio)| !ratio.is_one());
-        let previous_raw = match previous
-            .as_ref()
-            .and_then(|p| Some((p.raw.get(resource)?, p.written(resource)?)))
-        {
+        let previous_raw = match previous.as_ref().and_then(|p| p.recorded(resource)) {
             Some((raw, written)) => Some((raw, written?)),
             None => None,
         };

@@ -29,6 +29,11 @@ fn equal_bytes(word: u64, byte: u8) -> u64 {
     x.wrapping_sub(ONES) & !x
 }
 
+/// Whether `byte` ends a run of plain string bytes: `"`, `\` or a control character (below 0x20).
+fn ends_run(byte: u8) -> bool {
+    byte == b'"' || byte == b'\\' || byte < 0x20
+}
+
 /// The first index at or after `from` holding `"`, `\` or a control character (below 0x20), or
 /// `bytes.len()`. Eight bytes at a time (the way serde_json does it; most strings here are
 /// shorter than a vector search's set-up).
@@ -48,7 +53,7 @@ fn string_stop(bytes: &[u8], from: usize) -> usize {
     let tail = chunks.remainder();
     let at = tail
         .iter()
-        .position(|&byte| byte == b'"' || byte == b'\\' || byte < 0x20)
+        .position(|&byte| ends_run(byte))
         .unwrap_or(tail.len());
     bytes.len() - tail.len() + at
 }
@@ -84,10 +89,7 @@ fn string(bytes: &[u8], at: usize) -> Option<Span> {
                 escaped = true;
                 bytes.get(i + 1)?;
                 i += 2;
-                while let Some(&byte) = bytes.get(i) {
-                    if byte == b'"' || byte == b'\\' || byte < 0x20 {
-                        break;
-                    }
+                while bytes.get(i).is_some_and(|&byte| !ends_run(byte)) {
                     i += 1;
                 }
             }
