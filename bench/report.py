@@ -248,7 +248,7 @@ def render(results: dict) -> str:
                  "server (after the equivalence check only) and at the end of the run, after every load. The "
                  "difference is what the allocator (glibc) kept of the run's peak (64 connections reading 200 KB "
                  "bodies at once) as free memory for the next burst; how much it keeps depends on the order of the "
-                 "last allocations (19.6-31.7 MiB for kube-overcommit in the benchmark runs of 2026-11-22).\n")
+                 "last allocations, so the end-of-run figure varies from run to run.\n")
         L.append("| server | RSS with 128 connections, fresh server (MiB) | RSS with 128 connections, end of run (MiB) | peak RSS over the run, VmHWM (MiB) |")
         L.append("|---|---|---|---|")
         for name, s in servers.items():
