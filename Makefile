@@ -26,7 +26,7 @@ test: test-unit test-e2e image-check
 	@echo "make test: all suites passed"
 
 test-unit:
-	$(CARGO) test --locked --release
+	$(CARGO) test --locked --release --workspace
 
 test-e2e: release cluster-build
 	$(CARGO) test --locked --release -- --ignored
@@ -127,7 +127,7 @@ fmt:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 # Install manifests (deploy/ kustomize, charts/kube-overcommit): rendering, kustomize/Helm parity,
 # security invariants, RBAC, PromQL of alerts and dashboard (no cluster needed; installs helm

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use kube_overcommit::admission::{self, Settings};
-use kube_overcommit::policy::{PolicySet, parse_policy_file};
+use overcommit_core::policy::{PolicySet, parse_policy_file};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();

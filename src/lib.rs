@@ -1,25 +1,20 @@
 //! kube-overcommit: a mutating admission webhook that makes chosen nodes look larger
 //! to the scheduler. See design.md for the architecture; module map:
 //!
-//! pure (no tokio, no kube client, no I/O): `policy`, `quantity`, `inflate`, `pods`, `patch`, `admission`,
-//! `str_map`, `borrowed` and `plain_json` (string maps read from a review)
-//! I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`
+//! - the rules, pure: the workspace crate `overcommit_core` (policies, quantities, the node and
+//!   pod rules, JSON Patch), with no async runtime, Kubernetes client or TLS in its dependencies;
+//! - the fast JSON reader: the workspace crate `overcommit_json` (knows JSON, not Kubernetes);
+//! - `admission`: AdmissionReview in, response out (reads reviews with `overcommit_json`,
+//!   decides with `overcommit_core`), the fail-open guard;
+//! - I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`.
 #![forbid(unsafe_code)]
 
 pub mod admission;
-pub mod borrowed;
 pub mod cli;
-pub mod inflate;
 pub mod leader;
 pub mod metrics;
-pub mod patch;
-pub mod plain_json;
-pub mod pods;
-pub mod policy;
 pub mod probes;
-pub mod quantity;
 pub mod review;
 pub mod server;
 pub mod sources;
-pub mod str_map;
 pub mod watch;

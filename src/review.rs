@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 
 use crate::admission::{self, Outcome, Settings};
-use crate::policy::{self, PolicySet};
+use overcommit_core::policy::{self, PolicySet};
 
 /// Print the AdmissionReview response `serve` would give for a review.
 #[derive(Debug, Clone, clap::Args)]
@@ -45,7 +45,8 @@ pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
     let settings = Settings {
         own_namespace: args.own_namespace.clone(),
     };
-    let (handled, reason) = admission::handle_with_reason(&body, &policies, &settings);
+    let handled = admission::handle(&body, &policies, &settings);
+    let reason = handled.error.as_ref().map(|e| e.to_string());
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(&handled.body)?;
     stdout.write_all(b"\n")?;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use kube::CustomResourceExt;
-use kube_overcommit::policy::OvercommitPolicy;
+use overcommit_core::policy::OvercommitPolicy;
 
 /// A control plane in a temporary run dir, stopped when dropped.
 struct ControlPlane {

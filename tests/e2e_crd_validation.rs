@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use kube_overcommit::policy::{PolicySet, parse_policy_file};
+use overcommit_core::policy::{PolicySet, parse_policy_file};
 
 const DIR: &str = env!("CARGO_MANIFEST_DIR");
 

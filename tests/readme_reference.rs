@@ -63,7 +63,7 @@ fn readme_documents_every_flag() {
 fn readme_documents_every_policy_field() {
     let readme = readme();
     let crd: serde_yaml::Value =
-        serde_yaml::from_str(&kube_overcommit::policy::crd_yaml().expect("CRD renders"))
+        serde_yaml::from_str(&overcommit_core::policy::crd_yaml().expect("CRD renders"))
             .expect("CRD is YAML");
     let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
     let fields = spec.as_mapping().expect("spec has properties");

@@ -15,9 +15,10 @@ use std::ops::Range;
 
 use serde_json::{Value, json};
 
-use super::scan::{self, Members};
 use super::*;
-use crate::policy::parse_policy_file;
+use overcommit_core::policy::parse_policy_file;
+use overcommit_json::scan::{self, Members};
+use overcommit_json::testing::Rng;
 
 const FIXTURES: &[(&str, &[u8])] = &[
     (
@@ -85,23 +86,23 @@ struct Answer {
     reason: Option<String>,
 }
 
-fn answer_of((handled, reason): (Handled, Option<String>)) -> Answer {
+fn answer_of(handled: Handled) -> Answer {
     Answer {
         status: handled.status,
         body: String::from_utf8_lossy(&handled.body).into_owned(),
         outcome: handled.outcome,
         resource: handled.resource,
         operation: handled.operation,
-        reason,
+        reason: handled.error.map(|e| e.to_string()),
     }
 }
 
 fn new_answer(body: &[u8], set: &PolicySet) -> Answer {
-    answer_of(handle_with_reason(body, set, &settings()))
+    answer_of(handle(body, set, &settings()))
 }
 
 fn reference_answer(body: &[u8], set: &PolicySet) -> Answer {
-    answer_of(reference::handle_with_reason(body, set, &settings()))
+    answer_of(reference::handle(body, set, &settings()))
 }
 
 /// Both paths, required identical.
@@ -123,23 +124,6 @@ fn json(bytes: &[u8]) -> Value {
 
 /// A small xorshift generator: reproducible cases without a dependency (also used by the
 /// scanner's tests).
-pub(super) struct Rng(pub(super) u64);
-
-impl Rng {
-    pub(super) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub(super) fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-}
-
 /// Members in or at which the reader may stop reading a node review (`read.rs`).
 const MAY_STOP_AT: &[&str] = &[
     "request",
@@ -156,12 +140,9 @@ fn reader_may_stop(review: &Value) -> bool {
     let request = &review["request"];
     let node = request["resource"]["resource"] == "nodes" || request["kind"]["kind"] == "Node";
     let annotations = &request["object"]["metadata"]["annotations"];
-    node && [
-        inflate::RAW_ALLOCATABLE_ANNOTATION,
-        inflate::APPLIED_ANNOTATION,
-    ]
-    .iter()
-    .any(|key| annotations.get(key).is_some())
+    node && [node::RAW_ALLOCATABLE_ANNOTATION, node::APPLIED_ANNOTATION]
+        .iter()
+        .any(|key| annotations.get(key).is_some())
 }
 
 /// Writes a JSON value the way no serializer would but JSON allows: members in random order,
@@ -525,7 +506,7 @@ fn the_array_form_of_a_review_is_refused() {
 /// walked objects it does not read, and `oldObject` unless the fallback reads it.
 fn skipped_spans(body: &[u8]) -> Vec<Range<usize>> {
     let reads_old_object =
-        matches!(read::parse(body), Parsed::Review(request) if request.old_object.is_some());
+        matches!(read::parse(body, NEEDS), Parsed::Review(request) if request.old_object.is_some());
     let mut spans = Vec::new();
     walk(body, 0, &[], reads_old_object, &mut spans);
     spans
@@ -709,7 +690,7 @@ fn truncated_reviews_are_refused_at_every_length_before_the_unread_tail() {
                 .count();
         // Cut in the unread tail (`read.rs`: past the first byte of the value it starts at), the
         // reader answers as the whole review.
-        let unread_from = read::unread_from(bytes).unwrap_or(json_end);
+        let unread_from = read::unread_from(bytes, NEEDS).unwrap_or(json_end);
         let whole = new_answer(bytes, set);
         for end in 0..bytes.len() {
             let new = new_answer(&bytes[..end], set);
@@ -742,7 +723,7 @@ fn damaged_reviews_answer_as_serde_json_or_within_the_tolerance() {
     for (name, bytes) in FIXTURES.iter().cycle().take(FIXTURES.len() * rounds) {
         let skipped = skipped_spans(bytes);
         assert!(!skipped.is_empty(), "{name}");
-        let unread = read::unread_from(bytes);
+        let unread = read::unread_from(bytes, NEEDS);
         // Every position of the small reviews, a sample of the large ones.
         let positions: Vec<usize> = if bytes.len() < 10_000 {
             (0..bytes.len()).collect()
@@ -799,7 +780,7 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     let text = String::from_utf8_lossy(body).into_owned();
     let undamaged = assert_identical("original", body, set);
     assert_eq!(undamaged.outcome, Outcome::Patched);
-    let Some(from) = read::unread_from(body) else {
+    let Some(from) = read::unread_from(body, NEEDS) else {
         panic!("reading does not stop early")
     };
     let conditions = "\"conditions\":";
@@ -881,7 +862,7 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     // into a byte that can begin a value, it is not seen, as damage at the value's first byte
     // is not (the documented tolerance).
     let spaced = text.replacen(conditions, "\"conditions\": ", 1);
-    assert_eq!(read::unread_from(spaced.as_bytes()), Some(from + 1));
+    assert_eq!(read::unread_from(spaced.as_bytes(), NEEDS), Some(from + 1));
     assert_eq!(
         assert_identical("space before the value", spaced.as_bytes(), set),
         undamaged
@@ -906,7 +887,7 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
         panic!("fixture without conditions or oldObject")
     };
     let short = format!("{}{}", &text[..cut], &text[end + 1..]);
-    let from = read::unread_from(short.as_bytes());
+    let from = read::unread_from(short.as_bytes(), NEEDS);
     let old_object = short
         .find("\"oldObject\":")
         .map(|at| at + "\"oldObject\":".len());
@@ -920,10 +901,10 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     let mut review = json(body);
     review["request"]["object"]["metadata"]["annotations"] = json!({});
     let fallback = serde_json::to_string(&review).unwrap_or_default();
-    assert_eq!(read::unread_from(fallback.as_bytes()), None);
+    assert_eq!(read::unread_from(fallback.as_bytes(), NEEDS), None);
     let dup = fallback.replacen(dry_run, "\"uid\":\"other\",\"dryRun\":", 1);
     let answer = assert_identical("fallback, uid again", dup.as_bytes(), set);
     assert_eq!(answer.status, 400);
     // A pod review is read to its end.
-    assert_eq!(read::unread_from(FIXTURES[3].1), None);
+    assert_eq!(read::unread_from(FIXTURES[3].1, NEEDS), None);
 }

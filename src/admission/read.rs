@@ -103,13 +103,24 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Visitor};
 
-use super::scan::{self, Code, Members, ScanError};
+use overcommit_json::StrMap;
+use overcommit_json::plain;
+use overcommit_json::scan::{self, Code, Members, ScanError};
+
 use super::{
     KindIn, MetaIn, NodeStatusIn, ObjectIn, OldMetaIn, OldObjectIn, Parsed, RequestIn, ResourceIn,
     ReviewResource, check_envelope, classify, describe_object,
 };
-use crate::inflate::{self, StrMap};
-use crate::plain_json;
+
+/// What the rules need from a review beyond the fields every decision reads: the reader asks
+/// where it could stop reading, the rules' side answers (`admission::NEEDS`), so the reader
+/// knows no rule.
+#[derive(Clone, Copy)]
+pub(super) struct Needs {
+    /// Whether a node review whose object carries these annotations needs the stored object's
+    /// (`oldObject`'s) annotations too.
+    pub(super) stored_annotations: fn(Option<&StrMap<'_>>) -> bool,
+}
 
 /// Why a body could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,11 +202,12 @@ fn field<'a, T: Deserialize<'a>>(body: &'a [u8], members: &mut Members<'a>) -> R
 #[derive(Deserialize)]
 #[serde(transparent)]
 struct Text<'a>(
-    #[serde(borrow, deserialize_with = "crate::borrowed::option_str")] Option<Cow<'a, str>>,
+    #[serde(borrow, deserialize_with = "overcommit_json::borrowed::option_str")]
+    Option<Cow<'a, str>>,
 );
 
 fn text<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<Cow<'a, str>>> {
-    if let Some((text, end)) = plain_json::string_in(body, members.value_start()) {
+    if let Some((text, end)) = plain::string_in(body, members.value_start()) {
         members.value_read(end);
         return Ok(Some(Cow::Borrowed(text)));
     }
@@ -206,11 +218,12 @@ fn text<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<Cow<'a, st
 #[derive(Deserialize)]
 #[serde(transparent)]
 struct Map<'a>(
-    #[serde(borrow, deserialize_with = "crate::borrowed::option_str_map")] Option<StrMap<'a>>,
+    #[serde(borrow, deserialize_with = "overcommit_json::borrowed::option_str_map")]
+    Option<StrMap<'a>>,
 );
 
 fn str_map<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<StrMap<'a>>> {
-    if let Some((map, end)) = plain_json::map_in(body, members.value_start()) {
+    if let Some((map, end)) = plain::map_in(body, members.value_start()) {
         members.value_read(end);
         return Ok(Some(map));
     }
@@ -304,13 +317,15 @@ struct Review<'a> {
 
 /// Where `parse` stops reading `body` (the tolerance of the unread tail), if it stops early.
 #[cfg(test)]
-pub(super) fn unread_from(body: &[u8]) -> Option<usize> {
-    read_review(body).ok().and_then(|review| review.unread_from)
+pub(super) fn unread_from(body: &[u8], needs: Needs) -> Option<usize> {
+    read_review(body, needs)
+        .ok()
+        .and_then(|review| review.unread_from)
 }
 
 /// Read a review body: the decision's input, a review to fail open, or a 400.
-pub(super) fn parse(body: &[u8]) -> Parsed<'_> {
-    let review = match read_review(body) {
+pub(super) fn parse(body: &[u8], needs: Needs) -> Parsed<'_> {
+    let review = match read_review(body, needs) {
         Ok(review) => review,
         Err(e) => return Parsed::Bad(format!("body is not an AdmissionReview: {}", e.message)),
     };
@@ -337,7 +352,7 @@ pub(super) fn parse(body: &[u8]) -> Parsed<'_> {
     }
 }
 
-fn read_review(body: &[u8]) -> Read<Review<'_>> {
+fn read_review(body: &[u8], needs: Needs) -> Read<Review<'_>> {
     let start = scan::skip_ws(body, 0);
     if body.get(start) != Some(&b'{') {
         // Not an object: serde_json says what it is (or why it is not JSON).
@@ -368,6 +383,7 @@ fn read_review(body: &[u8]) -> Read<Review<'_>> {
                 once(2, "request")?;
                 review.request = read_request(
                     body,
+                    needs,
                     &mut members,
                     member.value_start,
                     envelope_known.then_some(&mut review.unread_from),
@@ -440,6 +456,7 @@ fn keep_value<'a, T>(
 /// the decision needs nothing after it.
 fn read_request<'a>(
     body: &'a [u8],
+    needs: Needs,
     parent: &mut Members<'a>,
     start: usize,
     mut unread_from: Option<&mut Option<usize>>,
@@ -506,7 +523,7 @@ fn read_request<'a>(
                     && unread_from.is_some()
                     && classify(request.kind.as_ref(), request.resource.as_ref())
                         == ReviewResource::Node;
-                let read = read_object(body, &mut members, may_stop);
+                let read = read_object(body, needs, &mut members, may_stop);
                 let value = keep_value(
                     body,
                     Some(&mut members),
@@ -527,7 +544,7 @@ fn read_request<'a>(
                 // stored annotations are not needed, the rest of the body is not read at all.
                 if node_fields_known
                     && object_error.is_none()
-                    && !needs_stored_annotations(&request)
+                    && !needs_stored_annotations(&request, needs)
                     && classify(request.kind.as_ref(), request.resource.as_ref())
                         == ReviewResource::Node
                     && let Some(unread_from) = unread_from.as_mut()
@@ -542,7 +559,7 @@ fn read_request<'a>(
                 if !kind_resource_object_known {
                     let span = members.skip_value().map_err(scan_error(body))?;
                     old_object = Some(span);
-                } else if object_error.is_none() && needs_stored_annotations(&request) {
+                } else if object_error.is_none() && needs_stored_annotations(&request, needs) {
                     let read = read_old_object(body, member.value_start);
                     let value = keep_value(
                         body,
@@ -563,7 +580,7 @@ fn read_request<'a>(
     parent.value_read(members.end());
     if let Some(span) = old_object
         && object_error.is_none()
-        && needs_stored_annotations(&request)
+        && needs_stored_annotations(&request, needs)
     {
         let read = read_old_object(body, span.start);
         let value = keep_value(body, None, span.start, object_error, read)?;
@@ -572,9 +589,9 @@ fn read_request<'a>(
     Ok(Some(request))
 }
 
-/// The node rule reads the stored node's annotations only when the object carries neither
-/// overcommit annotation (`inflate::decide`).
-fn needs_stored_annotations(request: &RequestIn<'_>) -> bool {
+/// Whether the stored object's annotations must be read: a node review whose object's
+/// annotations the rules say are not enough.
+fn needs_stored_annotations(request: &RequestIn<'_>, needs: Needs) -> bool {
     let is_node =
         classify(request.kind.as_ref(), request.resource.as_ref()) == ReviewResource::Node;
     let annotations = request
@@ -582,7 +599,7 @@ fn needs_stored_annotations(request: &RequestIn<'_>) -> bool {
         .as_ref()
         .and_then(|o| o.metadata.as_ref())
         .and_then(|m| m.annotations.as_ref());
-    is_node && request.object.is_some() && !inflate::carries_overcommit_annotations(annotations)
+    is_node && request.object.is_some() && (needs.stored_annotations)(annotations)
 }
 
 /// What a field reader of [`read_struct`] says after its field.
@@ -673,10 +690,11 @@ fn read_member<'a, T: Default>(
 /// `object`: metadata and status walked, spec read whole (the pod rule needs its containers).
 /// After a data error the value is left to `parent`, which steps over it. With `may_stop`
 /// (`read_request`: a node review whose other fields are known), reading stops inside
-/// `status` once the metadata carries an overcommit annotation and both quantity maps are
-/// read: `After::Stopped`.
+/// `status` once the metadata's annotations are all the rules need (`Needs`) and both
+/// quantity maps are read: `After::Stopped`.
 fn read_object<'a>(
     body: &'a [u8],
+    needs: Needs,
     parent: &mut Members<'a>,
     may_stop: bool,
 ) -> Read<(Option<ObjectIn<'a>>, After)> {
@@ -700,7 +718,7 @@ fn read_object<'a>(
                     .metadata
                     .as_ref()
                     .and_then(|m| m.annotations.as_ref());
-                let may_stop = may_stop && inflate::carries_overcommit_annotations(annotations);
+                let may_stop = may_stop && !(needs.stored_annotations)(annotations);
                 let (status, after) = read_status(body, members, may_stop)?;
                 object.status = status;
                 Ok(after)

@@ -95,11 +95,7 @@ pub(super) fn parse(body: &[u8]) -> Parsed<'_> {
     }
 }
 
-/// `handle_with_reason` with the reference parse.
-pub(super) fn handle_with_reason(
-    body: &[u8],
-    policies: &PolicySet,
-    settings: &Settings,
-) -> (Handled, Option<String>) {
+/// `handle` with the reference parse.
+pub(super) fn handle(body: &[u8], policies: &PolicySet, settings: &Settings) -> Handled {
     respond(parse(body), policies, settings)
 }

@@ -5,7 +5,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::policy::parse_policy_file;
+use overcommit_core::policy::parse_policy_file;
 
 const NODE_STATUS_UPDATE: &[u8] = include_bytes!("../../tests/fixtures/node-status-update.json");
 const NODE_STATUS_UPDATE_LARGE: &[u8] =
@@ -150,7 +150,7 @@ fn kubelet_new_raw_value_is_taken_as_raw() {
     let next = next_review(&request, &response);
     assert_eq!(allocatable(&next, "object", "cpu"), "14");
     let raw = next["request"]["object"]["metadata"]["annotations"]
-        [crate::inflate::RAW_ALLOCATABLE_ANNOTATION]
+        [overcommit_core::node::RAW_ALLOCATABLE_ANNOTATION]
         .as_str();
     assert_eq!(raw, Some(r#"{"cpu":"7","memory":"31391716Ki"}"#));
 }
@@ -331,7 +331,8 @@ fn node_errors_fail_open_allowed_without_patch() {
         ("label not a string", labels_not_strings),
         ("no object", no_object),
     ] {
-        let (handled, reason) = handle_with_reason(&to_bytes(&request), &policies(), &settings());
+        let handled = handle(&to_bytes(&request), &policies(), &settings());
+        let reason = handled.error.as_ref().map(|e| e.to_string());
         assert_eq!(handled.outcome, Outcome::FailedOpen, "{name}");
         assert_eq!(handled.resource, ReviewResource::Node, "{name}");
         assert!(
@@ -465,4 +466,24 @@ fn answer_body_is_what_serde_json_writes() {
             );
         }
     }
+}
+
+/// The panic guard's answer: allowed, no patch, the uid kept where the body has one.
+#[test]
+fn a_panic_answers_allowed_with_the_uid() {
+    let handled = panicked(br#"{"request":{"uid":"abc","operation":"UPDATE"}}"#);
+    let v: Value = serde_json::from_slice(&handled.body).expect("json");
+    assert_eq!(v["response"]["uid"], "abc");
+    assert_eq!(v["response"]["allowed"], true);
+    assert!(v["response"].get("patch").is_none());
+    assert_eq!(handled.status, 200);
+    assert_eq!(handled.outcome, Outcome::FailedOpen);
+    assert_eq!(handled.operation, "UPDATE");
+    assert_eq!(
+        handled.error.map(|e| e.to_string()).as_deref(),
+        Some("internal error (panic)")
+    );
+    let handled = panicked(b"not json");
+    assert_eq!(handled.status, 200);
+    assert_eq!(handled.outcome, Outcome::FailedOpen);
 }

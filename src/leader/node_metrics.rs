@@ -163,7 +163,7 @@ mod tests {
     use prometheus_client::registry::Registry;
 
     use super::*;
-    use crate::inflate::RAW_ALLOCATABLE_ANNOTATION;
+    use overcommit_core::node::RAW_ALLOCATABLE_ANNOTATION;
 
     fn node(name: &str, raw: Option<&str>) -> PartialObjectMeta<Node> {
         ObjectMeta {

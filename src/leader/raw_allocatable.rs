@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::inflate::RAW_ALLOCATABLE_ANNOTATION;
-use crate::quantity::{Quantity, QuantityError};
+use overcommit_core::node::RAW_ALLOCATABLE_ANNOTATION;
+use overcommit_core::quantity::{Quantity, QuantityError};
 
 /// One sample: a resource of one node.
 #[derive(Debug, Clone, PartialEq)]

@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use serde_json::{Value, json};
 
-use crate::policy::POD_DEFAULTS_NAMESPACE_LABEL;
+use overcommit_core::policy::POD_DEFAULTS_NAMESPACE_LABEL;
 
 /// Label that opts an object out.
 pub const DISABLED_LABEL: &str = "overcommit.dev/disabled";

@@ -68,7 +68,7 @@ impl Drop for OpenGauge {
 }
 
 impl Connection {
-    pub async fn serve(mut self, tcp: TcpStream, peer: SocketAddr) {
+    pub(super) async fn serve(mut self, tcp: TcpStream, peer: SocketAddr) {
         let _ = tcp.set_nodelay(true);
         self.metrics.open_connections.inc();
         let _open = OpenGauge(self.metrics.clone());

@@ -4,7 +4,6 @@
 //! body into one buffer sized from `Content-Length`, take a lock-free snapshot of the policies,
 //! call `handle` inline, count, answer. Every refusal is a short text message.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,15 +26,15 @@ struct Answer {
     reason: Option<String>,
 }
 
-impl From<(Handled, Option<String>)> for Answer {
-    fn from((h, reason): (Handled, Option<String>)) -> Self {
+impl From<Handled> for Answer {
+    fn from(h: Handled) -> Self {
         let Handled {
             status,
             body,
             resource,
             operation,
             outcome,
-            ..
+            error,
         } = h;
         Self {
             status,
@@ -43,12 +42,12 @@ impl From<(Handled, Option<String>)> for Answer {
             resource,
             operation,
             outcome,
-            reason,
+            reason: error.map(|e| e.to_string()),
         }
     }
 }
 use crate::metrics::{Metrics, RejectLabels};
-use crate::policy::PolicySet;
+use overcommit_core::policy::PolicySet;
 
 /// The one path the webhook configuration points at.
 pub const MUTATE_PATH: &str = "/mutate";
@@ -150,24 +149,14 @@ impl App {
 
     fn review(&self, body: &[u8]) -> Answer {
         let policies = self.policies.load();
-        let run = || {
-            std::panic::catch_unwind(AssertUnwindSafe(|| {
-                admission::handle_with_reason(body, &policies, &self.settings)
-            }))
-        };
-        let result = if body.len() > INLINE_BODY_LIMIT {
+        // `admission::handle` is the panic guard: it never panics.
+        let run = || admission::handle(body, &policies, &self.settings);
+        let handled = if body.len() > INLINE_BODY_LIMIT {
             tokio::task::block_in_place(run)
         } else {
             run()
         };
-        match result {
-            Ok(h) => h.into(),
-            // A bug must not block heartbeats (design.md 3.1): answer allowed, no patch.
-            Err(_) => {
-                tracing::error!("admission handler panicked; answering allowed without a patch");
-                fail_open(body)
-            }
-        }
+        handled.into()
     }
 
     fn reject(&self, status: StatusCode, msg: &'static str) -> Response<Full<Bytes>> {
@@ -202,36 +191,6 @@ impl App {
 }
 
 /// Minimal AdmissionReview answer when the handler itself failed: allowed, no patch.
-fn fail_open(body: &[u8]) -> Answer {
-    #[derive(serde::Deserialize)]
-    struct Review {
-        request: Option<Req>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Req {
-        uid: String,
-        #[serde(default)]
-        operation: String,
-    }
-    let req = serde_json::from_slice::<Review>(body)
-        .ok()
-        .and_then(|r| r.request);
-    let (uid, operation) = req.map_or((String::new(), String::new()), |r| (r.uid, r.operation));
-    let out = serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": { "uid": uid, "allowed": true },
-    });
-    Answer {
-        status: 200,
-        body: serde_json::to_vec(&out).unwrap_or_default(),
-        resource: ReviewResource::Other,
-        operation,
-        outcome: Outcome::FailedOpen,
-        reason: Some("admission handler panicked".to_owned()),
-    }
-}
-
 /// `application/json`, any case, with or without parameters (`; charset=utf-8`).
 fn is_json(v: Option<&HeaderValue>) -> bool {
     let Some(v) = v.and_then(|v| v.to_str().ok()) else {
@@ -357,16 +316,5 @@ mod tests {
             Some(Duration::from_secs(5))
         );
         assert_eq!(query_timeout("a=b"), None);
-    }
-
-    #[test]
-    fn fail_open_keeps_uid() {
-        let h = fail_open(br#"{"request":{"uid":"abc","operation":"UPDATE"}}"#);
-        let v: serde_json::Value = serde_json::from_slice(&h.body).expect("json");
-        assert_eq!(v["response"]["uid"], "abc");
-        assert_eq!(v["response"]["allowed"], true);
-        assert_eq!(h.outcome, Outcome::FailedOpen);
-        let h = fail_open(b"not json");
-        assert_eq!(h.status, 200);
     }
 }

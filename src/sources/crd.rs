@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use super::PolicyStore;
 use crate::metrics::{PolicySourceLabel, ReloadResult};
-use crate::policy::{OvercommitPolicy, PolicySet};
+use overcommit_core::policy::{OvercommitPolicy, PolicySet};
 
 /// The valid version in use for each object name.
 #[derive(Default)]
@@ -93,7 +93,7 @@ impl CrdState {
         }
     }
 
-    pub fn build(&self) -> Result<PolicySet, crate::policy::PolicyError> {
+    pub fn build(&self) -> Result<PolicySet, overcommit_core::policy::PolicyError> {
         PolicySet::new(self.in_use.values().cloned().collect())
     }
 }
@@ -154,7 +154,7 @@ fn watcher(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::OvercommitPolicySpec;
+    use overcommit_core::policy::OvercommitPolicySpec;
 
     fn policy(name: &str, priority: i32) -> OvercommitPolicy {
         OvercommitPolicy::new(

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use super::PolicyStore;
 use crate::metrics::{PolicySourceLabel, ReloadResult};
-use crate::policy::{PolicySet, parse_policy_file};
+use overcommit_core::policy::{PolicySet, parse_policy_file};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
@@ -24,7 +24,7 @@ pub enum FileError {
     #[error("{path}: {source}")]
     Policy {
         path: PathBuf,
-        source: crate::policy::PolicyError,
+        source: overcommit_core::policy::PolicyError,
     },
 }
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::metrics::{Metrics, PolicyReloadLabels, PolicySourceLabel, ReloadResult};
-use crate::policy::PolicySet;
 use crate::probes::ReadyFlag;
+use overcommit_core::policy::PolicySet;
 
 /// Flags choosing the policy source.
 #[derive(Debug, Clone, clap::Args)]

@@ -14,10 +14,10 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_kube-overcommit");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_kube-overcommit");
 
 /// A test certificate authority.
-pub struct Pki {
+pub(crate) struct Pki {
     ca_key: rcgen::KeyPair,
     ca: rcgen::Certificate,
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
@@ -25,14 +25,14 @@ pub struct Pki {
 
 /// A serving certificate and its key, PEM.
 #[derive(Clone)]
-pub struct Leaf {
+pub(crate) struct Leaf {
     pub cert_pem: String,
     pub key_pem: String,
     pub cert_der: Vec<u8>,
 }
 
 impl Pki {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let ca_key = rcgen::KeyPair::generate().expect("CA key");
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -49,16 +49,16 @@ impl Pki {
         Self { ca_key, ca, issuer }
     }
 
-    pub fn ca_pem(&self) -> String {
+    pub(crate) fn ca_pem(&self) -> String {
         self.ca.pem()
     }
 
-    pub fn ca_der(&self) -> CertificateDer<'static> {
+    pub(crate) fn ca_der(&self) -> CertificateDer<'static> {
         self.ca.der().clone()
     }
 
     /// A leaf for `localhost` and 127.0.0.1, with `cn` to tell leaves apart.
-    pub fn leaf(&self, cn: &str) -> Leaf {
+    pub(crate) fn leaf(&self, cn: &str) -> Leaf {
         let key = rcgen::KeyPair::generate().expect("leaf key");
         let mut params =
             rcgen::CertificateParams::new(vec!["localhost".to_string()]).expect("params");
@@ -80,7 +80,7 @@ impl Pki {
 /// Write `files` into `dir` exactly as the kubelet's AtomicWriter updates a Secret volume:
 /// a new timestamped directory `..<ts>`, a symlink `..data_tmp` to it renamed over `..data`,
 /// user-visible symlinks `name -> ..data/name`, then the old timestamped directory removed.
-pub fn kubelet_write(dir: &Path, files: &[(&str, &[u8])]) {
+pub(crate) fn kubelet_write(dir: &Path, files: &[(&str, &[u8])]) {
     use std::os::unix::fs::symlink;
     std::fs::create_dir_all(dir).expect("volume dir");
     let nanos = SystemTime::now()
@@ -113,7 +113,7 @@ pub fn kubelet_write(dir: &Path, files: &[(&str, &[u8])]) {
     }
 }
 
-pub fn write_leaf(dir: &Path, leaf: &Leaf) {
+pub(crate) fn write_leaf(dir: &Path, leaf: &Leaf) {
     kubelet_write(
         dir,
         &[
@@ -124,7 +124,7 @@ pub fn write_leaf(dir: &Path, leaf: &Leaf) {
 }
 
 /// A policy file doubling cpu on every node.
-pub const POLICY_YAML: &str = r#"apiVersion: overcommit.dev/v1alpha1
+pub(crate) const POLICY_YAML: &str = r#"apiVersion: overcommit.dev/v1alpha1
 kind: OvercommitPolicy
 metadata:
   name: double-cpu
@@ -135,7 +135,7 @@ spec:
 "#;
 
 /// A running `kube-overcommit serve`, killed when dropped.
-pub struct Webhook {
+pub(crate) struct Webhook {
     pub child: Child,
     pub webhook: SocketAddr,
     pub probes: SocketAddr,
@@ -147,17 +147,17 @@ pub struct Webhook {
 
 impl Webhook {
     /// Start with a TLS dir holding `leaf` and the default policy file, plus `extra` flags.
-    pub fn start(leaf: &Leaf, extra: &[&str]) -> Self {
+    pub(crate) fn start(leaf: &Leaf, extra: &[&str]) -> Self {
         Self::start_with(Some(leaf), extra)
     }
 
     /// Start with an empty TLS directory when `leaf` is None (a Secret not written yet).
-    pub fn start_with(leaf: Option<&Leaf>, extra: &[&str]) -> Self {
+    pub(crate) fn start_with(leaf: Option<&Leaf>, extra: &[&str]) -> Self {
         Self::start_opts(leaf, true, extra, &[])
     }
 
     /// Full control: without `policy_file` the binary watches the CRD (set KUBECONFIG in `env`).
-    pub fn start_opts(
+    pub(crate) fn start_opts(
         leaf: Option<&Leaf>,
         policy_file: bool,
         extra: &[&str],
@@ -232,15 +232,15 @@ impl Webhook {
         }
     }
 
-    pub fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         self.logs.lock().expect("logs").join("\n")
     }
 
-    pub async fn probe(&self, path: &str) -> (u16, String) {
+    pub(crate) async fn probe(&self, path: &str) -> (u16, String) {
         http_get(self.probes, path).await
     }
 
-    pub async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         let ok = wait_until(Duration::from_secs(20), || async {
             self.probe("/readyz").await.0 == 200
         })
@@ -253,11 +253,11 @@ impl Webhook {
         );
     }
 
-    pub async fn metrics(&self) -> String {
+    pub(crate) async fn metrics(&self) -> String {
         self.probe("/metrics").await.1
     }
 
-    pub fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let st = Command::new("kill")
             .arg(format!("-{sig}"))
             .arg(self.child.id().to_string())
@@ -276,7 +276,7 @@ impl Drop for Webhook {
 
 /// Poll `cond` every 20 ms until it holds or `timeout` passes.
 /// POST a review to /mutate and return the JSON answer (panics: this is a test helper).
-pub async fn mutate_json(
+pub(crate) async fn mutate_json(
     c: &reqwest::Client,
     w: &Webhook,
     review: &serde_json::Value,
@@ -291,7 +291,7 @@ pub async fn mutate_json(
         .expect("json")
 }
 
-pub async fn wait_until<F, Fut>(timeout: Duration, mut cond: F) -> bool
+pub(crate) async fn wait_until<F, Fut>(timeout: Duration, mut cond: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -309,7 +309,7 @@ where
 }
 
 /// A minimal HTTP/1.0 GET over plain TCP (the probe port): status and body.
-pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let Ok(Ok(mut s)) =
         tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr)).await
     else {
@@ -340,7 +340,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// A rustls client config trusting `ca`, limited to `versions`, offering `alpn`.
-pub fn client_config(
+pub(crate) fn client_config(
     ca: CertificateDer<'static>,
     versions: &[&'static rustls::SupportedProtocolVersion],
     alpn: &[&[u8]],
@@ -358,12 +358,12 @@ pub fn client_config(
     cfg
 }
 
-pub fn all_versions() -> Vec<&'static rustls::SupportedProtocolVersion> {
+pub(crate) fn all_versions() -> Vec<&'static rustls::SupportedProtocolVersion> {
     vec![&rustls::version::TLS13, &rustls::version::TLS12]
 }
 
 /// Open a TLS connection; returns the stream.
-pub async fn tls_connect(
+pub(crate) async fn tls_connect(
     addr: SocketAddr,
     cfg: rustls::ClientConfig,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
@@ -376,7 +376,7 @@ pub async fn tls_connect(
 }
 
 /// The leaf certificate a NEW connection gets (DER), or None if the handshake fails.
-pub async fn peer_leaf(addr: SocketAddr, ca: CertificateDer<'static>) -> Option<Vec<u8>> {
+pub(crate) async fn peer_leaf(addr: SocketAddr, ca: CertificateDer<'static>) -> Option<Vec<u8>> {
     let s = tls_connect(addr, client_config(ca, &all_versions(), &[b"http/1.1"]))
         .await
         .ok()?;
@@ -387,7 +387,7 @@ pub async fn peer_leaf(addr: SocketAddr, ca: CertificateDer<'static>) -> Option<
 }
 
 /// An HTTPS client trusting `ca`; a new client means new connections.
-pub fn https_client(ca: CertificateDer<'static>, http2: bool) -> reqwest::Client {
+pub(crate) fn https_client(ca: CertificateDer<'static>, http2: bool) -> reqwest::Client {
     let alpn: &[&[u8]] = if http2 { &[b"h2"] } else { &[b"http/1.1"] };
     let cfg = client_config(ca, &all_versions(), alpn);
     let b = reqwest::Client::builder()
@@ -401,12 +401,12 @@ pub fn https_client(ca: CertificateDer<'static>, http2: bool) -> reqwest::Client
     b.build().expect("client")
 }
 
-pub fn url(w: &Webhook, path: &str) -> String {
+pub(crate) fn url(w: &Webhook, path: &str) -> String {
     format!("https://localhost:{}{}", w.webhook.port(), path)
 }
 
 /// A client that resolves `localhost` to the webhook's address.
-pub fn client_for(w: &Webhook, ca: CertificateDer<'static>, http2: bool) -> reqwest::Client {
+pub(crate) fn client_for(w: &Webhook, ca: CertificateDer<'static>, http2: bool) -> reqwest::Client {
     let alpn: &[&[u8]] = if http2 { &[b"h2"] } else { &[b"http/1.1"] };
     let cfg = client_config(ca, &all_versions(), alpn);
     let b = reqwest::Client::builder()
@@ -422,7 +422,7 @@ pub fn client_for(w: &Webhook, ca: CertificateDer<'static>, http2: bool) -> reqw
 }
 
 /// A node status AdmissionReview (UPDATE nodes/status) with `cpu` allocatable.
-pub fn node_review(uid: &str, cpu: &str) -> serde_json::Value {
+pub(crate) fn node_review(uid: &str, cpu: &str) -> serde_json::Value {
     let node = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -455,7 +455,7 @@ pub fn node_review(uid: &str, cpu: &str) -> serde_json::Value {
 }
 
 /// Standard base64 decoding (the AdmissionReview patch), without another dependency.
-pub fn base64_decode(s: &str) -> Vec<u8> {
+pub(crate) fn base64_decode(s: &str) -> Vec<u8> {
     let val = |c: u8| match c {
         b'A'..=b'Z' => c - b'A',
         b'a'..=b'z' => c - b'a' + 26,
@@ -480,7 +480,7 @@ pub fn base64_decode(s: &str) -> Vec<u8> {
 }
 
 /// Value of a metric line `name{labels} value` in Prometheus text (0 if absent).
-pub fn metric_value(text: &str, series: &str) -> f64 {
+pub(crate) fn metric_value(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| {
             l.strip_prefix(series)
@@ -491,14 +491,14 @@ pub fn metric_value(text: &str, series: &str) -> f64 {
 
 /// A parsed HTTP/1.1 response.
 #[derive(Debug)]
-pub struct RawResponse {
+pub(crate) struct RawResponse {
     pub status: u16,
     pub head: String,
     pub body: Vec<u8>,
 }
 
 /// Read one HTTP/1.1 response (Content-Length framed) from `s`.
-pub async fn read_response<S: tokio::io::AsyncRead + Unpin>(
+pub(crate) async fn read_response<S: tokio::io::AsyncRead + Unpin>(
     s: &mut S,
 ) -> std::io::Result<RawResponse> {
     let mut buf = Vec::new();
@@ -543,7 +543,10 @@ pub async fn read_response<S: tokio::io::AsyncRead + Unpin>(
 }
 
 /// Whether the peer closes `s` within `within` (EOF or error), reading and discarding data.
-pub async fn closed_within<S: tokio::io::AsyncRead + Unpin>(s: &mut S, within: Duration) -> bool {
+pub(crate) async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
+    s: &mut S,
+    within: Duration,
+) -> bool {
     let mut chunk = [0u8; 4096];
     let fut = async {
         loop {

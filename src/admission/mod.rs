@@ -1,16 +1,17 @@
 //! AdmissionReview in, response out: dispatch to the node and pod rules, and the
 //! fail-open wrapper (design.md 3.1). Pure: no I/O.
 //!
-//! INTERFACE CONTRACT (the server calls exactly this):
-//! `handle(body, &policies, &settings) -> Handled`.
+//! INTERFACE CONTRACT (the webhook handler calls exactly this):
+//! `handle(body, &policies, &settings) -> Handled`, never panicking: it is the one panic guard
+//! of the review path (a bug anywhere in reading or deciding answers allowed, no patch).
 //!
 //! - A body that is not an admission.k8s.io/v1 AdmissionReview with a request and a uid:
 //!   status 400, a Kubernetes `Status` JSON with the reason, outcome `BadRequest`.
 //! - Every valid review: status 200 and `allowed: true`, the request's uid echoed. A review of a
 //!   node is never refused. Any error inside (an unreadable object, a quantity that does not
 //!   parse, even a bug that panics) answers allowed with no patch: outcome `FailedOpen`;
-//!   `handle_with_reason` also returns the reason, for the log.
-//! - Nodes: `CREATE nodes` and `UPDATE nodes/status` go through `inflate`; pods: `CREATE pods`
+//!   `Handled::error` says why, for the log.
+//! - Nodes: `CREATE nodes` and `UPDATE nodes/status` go through `node`; pods: `CREATE pods`
 //!   through `pods`; anything else is allowed unchanged.
 //!
 //! Speed: a node review carries the whole Node twice (20-200 KB). `read` deserialises only the
@@ -25,10 +26,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::inflate::{self, Account, NodeDecision, NodeView, StrMap};
-use crate::patch::{self, PatchOp};
-use crate::pods::{self, PodDecision, PodSpecIn};
-use crate::policy::PolicySet;
+use overcommit_core::Account;
+use overcommit_core::node::{self, NodeDecision, NodeView};
+use overcommit_core::patch::{self, PatchOp};
+use overcommit_core::pod::{self, PodDecision, PodSpecIn};
+use overcommit_core::policy::PolicySet;
+use overcommit_json::StrMap;
 
 /// Settings that are not policies (namespace of the webhook itself, ...).
 #[derive(Debug, Clone, Default)]
@@ -85,6 +88,49 @@ pub struct Handled {
     pub resource: ReviewResource,
     pub operation: String,
     pub outcome: Outcome,
+    /// For `FailedOpen` and `BadRequest`: what went wrong (which object, why), for the log.
+    /// It holds no secret material: names, resource names and quantities.
+    pub error: Option<ReviewError>,
+}
+
+/// Why a review was answered without the rules' patch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReviewError {
+    /// Not an admission.k8s.io/v1 AdmissionReview with a request and a uid: answered 400.
+    #[error("{0}")]
+    NotAReview(String),
+    /// A valid review whose object could not be read (the message names the object): allowed,
+    /// unchanged.
+    #[error("{0}")]
+    Unreadable(String),
+    /// A valid review a rule could not decide: allowed, unchanged. `object` is `namespace/name`,
+    /// `name`, or empty when the review names none.
+    #[error("{}{reason}", object_prefix(.object))]
+    Undecided { object: String, reason: RuleError },
+}
+
+/// Why a rule could not decide.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error(transparent)]
+    Node(#[from] node::InflateError),
+    #[error(transparent)]
+    Pod(#[from] pod::PodError),
+    #[error("node review without an object")]
+    NodeWithoutObject,
+    #[error("patch: {0}")]
+    Patch(String),
+    /// A bug: caught by `handle`'s guard.
+    #[error("internal error (panic)")]
+    Panic,
+}
+
+fn object_prefix(object: &str) -> String {
+    if object.is_empty() {
+        String::new()
+    } else {
+        format!("{object}: ")
+    }
 }
 
 // ---- what is read from a review -------------------------------------------------------------
@@ -93,19 +139,39 @@ pub struct Handled {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct RequestIn<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     uid: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     kind: Option<KindIn<'a>>,
     #[serde(borrow, default)]
     resource: Option<ResourceIn<'a>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     sub_resource: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     name: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     namespace: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     operation: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     object: Option<ObjectIn<'a>>,
@@ -115,17 +181,33 @@ struct RequestIn<'a> {
 
 #[derive(Deserialize, Default)]
 struct KindIn<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     group: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     kind: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize, Default)]
 struct ResourceIn<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     group: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     resource: Option<Cow<'a, str>>,
 }
 
@@ -148,25 +230,49 @@ struct OldObjectIn<'a> {
 
 #[derive(Deserialize, Default)]
 struct MetaIn<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     namespace: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str_map"
+    )]
     labels: Option<StrMap<'a>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str_map"
+    )]
     annotations: Option<StrMap<'a>>,
 }
 
 #[derive(Deserialize, Default)]
 struct OldMetaIn<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str_map"
+    )]
     annotations: Option<StrMap<'a>>,
 }
 
 #[derive(Deserialize, Default)]
 struct NodeStatusIn<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str_map"
+    )]
     allocatable: Option<StrMap<'a>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str_map"
+    )]
     capacity: Option<StrMap<'a>>,
 }
 
@@ -206,6 +312,13 @@ struct StatusOut<'a> {
 }
 
 const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+
+/// What the rules read beyond a review's object, for the reader's early stop: the node rule
+/// reads the stored node's annotations only when the object carries neither overcommit
+/// annotation (`node::decide`).
+const NEEDS: read::Needs = read::Needs {
+    stored_annotations: |annotations| !node::carries_overcommit_annotations(annotations),
+};
 
 // ---- the decision -----------------------------------------------------------------------------
 
@@ -251,27 +364,47 @@ impl Decision {
     }
 }
 
-/// Handle one request body. Never panics on any input.
+/// Handle one request body. Never panics on any input: the one panic guard of the review path
+/// (design.md 3.1: a bug must not block heartbeats) answers a panic allowed, no patch.
 pub fn handle(body: &[u8], policies: &PolicySet, settings: &Settings) -> Handled {
-    handle_with_reason(body, policies, settings).0
+    catch_unwind(AssertUnwindSafe(|| {
+        respond(read::parse(body, NEEDS), policies, settings)
+    }))
+    .unwrap_or_else(|_| panicked(body))
 }
 
-/// `handle`, plus for `FailedOpen` and `BadRequest` what went wrong (which object, why), for
-/// the log. The reason holds no secret material: names, resource names and quantities.
-pub fn handle_with_reason(
-    body: &[u8],
-    policies: &PolicySet,
-    settings: &Settings,
-) -> (Handled, Option<String>) {
-    respond(read::parse(body), policies, settings)
+/// The answer after a panic: allowed, no patch, the uid recovered from the body if it can be.
+fn panicked(body: &[u8]) -> Handled {
+    #[derive(Deserialize)]
+    struct Review<'a> {
+        #[serde(borrow)]
+        request: Option<Request<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Request<'a> {
+        #[serde(borrow, deserialize_with = "overcommit_json::borrowed::str")]
+        uid: Cow<'a, str>,
+        #[serde(
+            borrow,
+            default,
+            deserialize_with = "overcommit_json::borrowed::option_str"
+        )]
+        operation: Option<Cow<'a, str>>,
+    }
+    let request = serde_json::from_slice::<Review<'_>>(body)
+        .ok()
+        .and_then(|r| r.request);
+    let (uid, operation) = request.map_or((Cow::Borrowed(""), None), |r| (r.uid, r.operation));
+    let error = ReviewError::Undecided {
+        object: String::new(),
+        reason: RuleError::Panic,
+    };
+    let operation = operation.unwrap_or_default().into_owned();
+    fail_open(&uid, ReviewResource::Other, operation, error)
 }
 
 /// The answer for a parsed body.
-fn respond(
-    parsed: Parsed<'_>,
-    policies: &PolicySet,
-    settings: &Settings,
-) -> (Handled, Option<String>) {
+fn respond(parsed: Parsed<'_>, policies: &PolicySet, settings: &Settings) -> Handled {
     let request = match parsed {
         Parsed::Review(request) => request,
         Parsed::Unreadable {
@@ -280,59 +413,45 @@ fn respond(
             operation,
             reason,
         } => {
-            return fail_open(&uid, resource, operation, reason);
+            return fail_open(&uid, resource, operation, ReviewError::Unreadable(reason));
         }
-        Parsed::Bad(message) => return bad_request(&message),
+        Parsed::Bad(message) => return bad_request(message),
     };
     let uid = request.uid.as_deref().unwrap_or_default();
     let resource = classify(request.kind.as_ref(), request.resource.as_ref());
     let operation = request.operation.as_deref().unwrap_or_default().to_string();
-    let decided = catch_unwind(AssertUnwindSafe(|| {
-        decide_request(&request, resource, policies, settings, Account::PatchOnly)
-    }));
-    let decision = match decided {
-        Ok(Ok(decision)) => decision,
-        Ok(Err(reason)) => return fail_open(uid, resource, operation, describe(&request, &reason)),
-        Err(_) => {
-            return fail_open(
-                uid,
-                resource,
-                operation,
-                describe(&request, "internal error (panic)"),
-            );
-        }
+    let decision = match decide_request(&request, resource, policies, settings, Account::PatchOnly)
+    {
+        Ok(decision) => decision,
+        Err(reason) => return fail_open(uid, resource, operation, undecided(&request, reason)),
     };
     let ops = decision.patch();
     if ops.is_empty() {
-        return (
-            answer(uid, resource, operation, None, Outcome::Unchanged),
-            None,
-        );
+        return answer(uid, resource, operation, None, Outcome::Unchanged);
     }
     match patch::to_json(ops) {
-        Ok(json) => (
-            answer(uid, resource, operation, Some(&json), Outcome::Patched),
-            None,
-        ),
-        Err(e) => fail_open(
-            uid,
-            resource,
-            operation,
-            describe(&request, &format!("patch: {e}")),
-        ),
+        Ok(json) => answer(uid, resource, operation, Some(&json), Outcome::Patched),
+        Err(e) => {
+            let error = undecided(&request, RuleError::Patch(e.to_string()));
+            fail_open(uid, resource, operation, error)
+        }
     }
 }
 
 /// The decision for a review (for `review --explain`), or why there is none.
-pub fn explain(body: &[u8], policies: &PolicySet, settings: &Settings) -> Result<Decision, String> {
-    match read::parse(body) {
+pub fn explain(
+    body: &[u8],
+    policies: &PolicySet,
+    settings: &Settings,
+) -> Result<Decision, ReviewError> {
+    match read::parse(body, NEEDS) {
         Parsed::Review(request) => {
             let resource = classify(request.kind.as_ref(), request.resource.as_ref());
             decide_request(&request, resource, policies, settings, Account::Full)
-                .map_err(|e| describe(&request, &e))
+                .map_err(|reason| undecided(&request, reason))
         }
-        Parsed::Unreadable { reason, .. } => Err(reason),
-        Parsed::Bad(message) => Err(message),
+        Parsed::Unreadable { reason, .. } => Err(ReviewError::Unreadable(reason)),
+        Parsed::Bad(message) => Err(ReviewError::NotAReview(message)),
     }
 }
 
@@ -391,13 +510,13 @@ fn decide_request(
     policies: &PolicySet,
     settings: &Settings,
     account: Account,
-) -> Result<Decision, String> {
+) -> Result<Decision, RuleError> {
     let operation = request.operation.as_deref().unwrap_or_default();
     let sub_resource = request.sub_resource.as_deref().unwrap_or_default();
     match (resource, operation, sub_resource) {
         (ReviewResource::Node, "CREATE", "") | (ReviewResource::Node, "UPDATE", "status") => {
             let Some(object) = request.object.as_ref() else {
-                return Err("node review without an object".to_string());
+                return Err(RuleError::NodeWithoutObject);
             };
             let node = node_view(object);
             let stored_annotations = request
@@ -410,9 +529,9 @@ fn decide_request(
                 annotations: Some(annotations),
                 ..NodeView::default()
             });
-            inflate::decide_with(&node, stored.as_ref(), policies, account)
+            node::decide_with(&node, stored.as_ref(), policies, account)
                 .map(Decision::Node)
-                .map_err(|e| e.to_string())
+                .map_err(RuleError::from)
         }
         (ReviewResource::Pod, "CREATE", "") => {
             let object = request.object.as_ref();
@@ -423,9 +542,9 @@ fn decide_request(
                 .or_else(|| object.and_then(|o| o.metadata.as_ref()?.namespace.as_deref()))
                 .unwrap_or_default();
             let spec = object.and_then(|o| o.spec.as_ref());
-            pods::decide_with(namespace, &settings.own_namespace, spec, policies, account)
+            pod::decide_with(namespace, &settings.own_namespace, spec, policies, account)
                 .map(Decision::Pod)
-                .map_err(|e| e.to_string())
+                .map_err(RuleError::from)
         }
         (resource, operation, sub_resource) => {
             let what = match sub_resource {
@@ -449,22 +568,26 @@ fn node_view<'v>(object: &'v ObjectIn<'v>) -> NodeView<'v> {
     }
 }
 
-/// The reason, with which object it was about.
-fn describe(request: &RequestIn<'_>, reason: &str) -> String {
-    describe_object(
-        request.name.as_deref(),
-        request.namespace.as_deref(),
+/// Why a rule could not decide, with which object it was about.
+fn undecided(request: &RequestIn<'_>, reason: RuleError) -> ReviewError {
+    ReviewError::Undecided {
+        object: object_name(request.name.as_deref(), request.namespace.as_deref()),
         reason,
-    )
+    }
 }
 
-fn describe_object(name: Option<&str>, namespace: Option<&str>, reason: &str) -> String {
+/// `namespace/name`, `name`, or empty.
+fn object_name(name: Option<&str>, namespace: Option<&str>) -> String {
     let name = name.unwrap_or_default();
     match namespace.filter(|n| !n.is_empty()) {
-        Some(namespace) => format!("{namespace}/{name}: {reason}"),
-        None if !name.is_empty() => format!("{name}: {reason}"),
-        None => reason.to_string(),
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_string(),
     }
+}
+
+/// The reason, with which object it was about.
+fn describe_object(name: Option<&str>, namespace: Option<&str>, reason: &str) -> String {
+    format!("{}{reason}", object_prefix(&object_name(name, namespace)))
 }
 
 /// The body of an answer: what serde_json writes for `ReviewOut`, written straight into one
@@ -482,6 +605,7 @@ fn answer(
         resource,
         operation,
         outcome,
+        error: None,
     }
 }
 
@@ -529,37 +653,36 @@ fn fail_open(
     uid: &str,
     resource: ReviewResource,
     operation: String,
-    reason: String,
-) -> (Handled, Option<String>) {
-    (
-        answer(uid, resource, operation, None, Outcome::FailedOpen),
-        Some(reason),
-    )
+    error: ReviewError,
+) -> Handled {
+    Handled {
+        error: Some(error),
+        ..answer(uid, resource, operation, None, Outcome::FailedOpen)
+    }
 }
 
-fn bad_request(message: &str) -> (Handled, Option<String>) {
+fn bad_request(message: String) -> Handled {
     let status = StatusOut {
         api_version: "v1",
         kind: "Status",
         status: "Failure",
-        message,
+        message: &message,
         reason: "BadRequest",
         code: 400,
     };
     let body =
         serde_json::to_vec(&status).unwrap_or_else(|_| br#"{"kind":"Status","code":400}"#.to_vec());
-    let handled = Handled {
+    Handled {
         status: 400,
         body,
         resource: ReviewResource::Other,
         operation: String::new(),
         outcome: Outcome::BadRequest,
-    };
-    (handled, Some(message.to_string()))
+        error: Some(ReviewError::NotAReview(message)),
+    }
 }
 
 mod read;
-pub(crate) mod scan;
 
 #[cfg(test)]
 mod equivalence;

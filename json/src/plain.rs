@@ -1,6 +1,6 @@
 //! The fast way to read plainly written JSON: a string, an object of strings (labels,
-//! annotations, quantities, the overcommit annotations' maps) written `{"key":"value",...}`
-//! with any JSON whitespace between tokens, and the `overcommit.dev/applied` annotation. Pure.
+//! annotations, quantities) written `{"key":"value",...}` with any JSON whitespace between
+//! tokens, and an object of one named string and one named object of strings. Pure.
 //!
 //! serde_json reading such a map costs ~150 instructions per string (finding its end, then a
 //! UTF-8 check of each string on its own, then the map's plumbing), and a string field read on
@@ -16,8 +16,8 @@
 
 use std::borrow::Cow;
 
-use crate::admission::scan::skip_ws;
-use crate::inflate::StrMap;
+use crate::map::StrMap;
+use crate::scan::skip_ws;
 
 const ONES: u64 = u64::MAX / 255;
 const HIGH_BITS: u64 = ONES << 7;
@@ -237,10 +237,14 @@ pub fn whole_map(text: &str) -> Option<StrMap<'_>> {
     (skip_ws(text.as_bytes(), end) == text.len()).then_some(map)
 }
 
-/// The `overcommit.dev/applied` annotation as this webhook writes it, `{"policy": string,
-/// "ratios": object of strings}` (those two members, in that order): the policy and the
-/// ratios; `None` where serde_json must read it (other members, another order, ...).
-pub fn applied(text: &str) -> Option<(Cow<'_, str>, StrMap<'_>)> {
+/// A whole text that is `{"<first>": string, "<second>": object of strings}`: exactly those two
+/// members, in that order (any JSON whitespace between tokens); `None` where serde_json must
+/// read it (other members, another order, escapes in the names, ...).
+pub fn string_then_map<'t>(
+    text: &'t str,
+    first: &str,
+    second: &str,
+) -> Option<(Cow<'t, str>, StrMap<'t>)> {
     let bytes = text.as_bytes();
     let key_then_colon = |at: usize, name: &str| {
         let key = string(bytes, at)?;
@@ -252,19 +256,19 @@ pub fn applied(text: &str) -> Option<(Cow<'_, str>, StrMap<'_>)> {
     if bytes.get(open) != Some(&b'{') {
         return None;
     }
-    let at = key_then_colon(skip_ws(bytes, open + 1), "policy")?;
-    let policy = string(bytes, at)?;
-    let comma = skip_ws(bytes, policy.end);
+    let at = key_then_colon(skip_ws(bytes, open + 1), first)?;
+    let string_value = string(bytes, at)?;
+    let comma = skip_ws(bytes, string_value.end);
     if bytes.get(comma) != Some(&b',') {
         return None;
     }
-    let at = key_then_colon(skip_ws(bytes, comma + 1), "ratios")?;
-    let (ratios, end) = read_text(text, at)?;
+    let at = key_then_colon(skip_ws(bytes, comma + 1), second)?;
+    let (map, end) = read_text(text, at)?;
     let close = skip_ws(bytes, end);
     if bytes.get(close) != Some(&b'}') {
         return None;
     }
-    (skip_ws(bytes, close + 1) == bytes.len()).then_some((text_of(text, policy)?, ratios))
+    (skip_ws(bytes, close + 1) == bytes.len()).then_some((text_of(text, string_value)?, map))
 }
 
 #[cfg(test)]

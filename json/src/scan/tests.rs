@@ -3,7 +3,7 @@
 use serde::de::IgnoredAny;
 
 use super::*;
-use crate::admission::equivalence::Rng;
+use crate::testing::Rng;
 
 /// serde_json's end of the first value of `text` (None if it refuses it).
 fn serde_end(text: &[u8]) -> Option<usize> {

@@ -718,25 +718,3 @@ fn patch_only_decides_as_the_full_account() {
         }
     }
 }
-
-#[test]
-fn annotations_compared_as_written() {
-    let cases: &[(&str, &[u8], bool)] = &[
-        ("abc", b"abc", true),
-        ("abc", b"ab", false),
-        ("ab", b"abc", false),
-        ("abc", b"abd", false),
-        ("", b"", true),
-    ];
-    for &(expected, written, same) in cases {
-        let result = writes_exactly(expected, |out| {
-            std::io::Write::write_all(out, written).map_err(serde_json::Error::io)
-        });
-        assert_eq!(result, same, "{expected:?} vs {written:?}");
-    }
-    // Written in pieces, as serde_json writes.
-    assert!(writes_exactly(r#"{"a":"b"}"#, |out| serde_json::to_writer(
-        out,
-        &serde_json::json!({"a": "b"})
-    )));
-}

@@ -13,7 +13,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
-use crate::inflate::StrMap;
+use crate::map::StrMap;
 
 /// A string, borrowed when the input allows it.
 struct CowStr;

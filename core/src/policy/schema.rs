@@ -12,10 +12,10 @@ const LABEL_KEY_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a
 /// A label value: empty, or alphanumeric at both ends.
 const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
 /// A non-negative quantity (what `Quantity::parse` accepts).
-pub const QUANTITY_PATTERN: &str =
+pub(super) const QUANTITY_PATTERN: &str =
     r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][-+]?[0-9]+))?$";
 
-pub fn node_selector(_: &mut SchemaGenerator) -> Schema {
+pub(super) fn node_selector(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": "Nodes this policy applies to; empty or absent selects every node.",
         "type": "object",
@@ -55,7 +55,7 @@ pub fn node_selector(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-pub fn node_ratios(_: &mut SchemaGenerator) -> Schema {
+pub(super) fn node_ratios(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": "Resource name (cpu, memory, ephemeral-storage, pods, or an extended resource such as example.com/gpu) -> multiplier of the kubelet's allocatable, a decimal string from 1 to 10 with at most 6 decimals.",
         "type": "object",
@@ -64,7 +64,7 @@ pub fn node_ratios(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-pub fn pod_default_requests(_: &mut SchemaGenerator) -> Schema {
+pub(super) fn pod_default_requests(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": "cpu and/or memory request (a quantity greater than zero) for containers that set no request and no limit for it.",
         "type": "object",
@@ -77,7 +77,7 @@ pub fn pod_default_requests(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-pub fn request_to_limit_percent(_: &mut SchemaGenerator) -> Schema {
+pub(super) fn request_to_limit_percent(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "description": "cpu and/or memory -> percent (1 to 100): containers with a limit get request = limit x percent / 100.",
         "type": "object",

@@ -9,6 +9,10 @@
 use std::cmp::Ordering;
 use std::fmt;
 
+/// The largest number of units (millicores, bytes, ...) a written quantity may have: what the
+/// API server holds as an int64.
+pub const MAX_UNITS: u128 = i64::MAX as u128;
+
 /// Why a quantity or ratio was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantityError {

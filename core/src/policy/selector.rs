@@ -18,7 +18,7 @@ where
     }
 }
 
-impl LabelLookup for crate::str_map::StrMap<'_> {
+impl LabelLookup for overcommit_json::StrMap<'_> {
     fn label(&self, key: &str) -> Option<&str> {
         self.get(key).map(AsRef::as_ref)
     }

@@ -13,10 +13,11 @@ use super::{
 use crate::quantity::{Quantity, Ratio};
 
 /// Resource names without a domain that may carry a node ratio.
-pub const STANDARD_NODE_RESOURCES: [&str; 4] = ["cpu", "memory", "ephemeral-storage", "pods"];
+pub(super) const STANDARD_NODE_RESOURCES: [&str; 4] =
+    ["cpu", "memory", "ephemeral-storage", "pods"];
 
 /// Most node ratios a policy may list (also the CRD's maxProperties).
-pub const MAX_NODE_RATIOS: usize = 32;
+pub(super) const MAX_NODE_RATIOS: usize = 32;
 
 pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, PolicyError> {
     let name = policy.metadata.name.clone().unwrap_or_default();
@@ -78,7 +79,7 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
                 let scale = if resource == "cpu" { 3 } else { 0 };
                 if !quantity
                     .to_units_floor(scale)
-                    .is_ok_and(|units| units <= crate::inflate::MAX_UNITS)
+                    .is_ok_and(|units| units <= crate::quantity::MAX_UNITS)
                 {
                     return Err(invalid(format!(
                         "spec.podDefaults.requests[{resource}] {text} is out of range"
@@ -160,7 +161,7 @@ fn compile_selector(selector: &LabelSelector) -> Result<Selector, String> {
 
 /// cpu, memory, ephemeral-storage, pods, or an extended resource `domain/name` outside
 /// kubernetes.io. Hugepages are never overcommitted: they are reserved memory.
-pub fn check_node_resource(name: &str) -> Result<(), String> {
+pub(super) fn check_node_resource(name: &str) -> Result<(), String> {
     if STANDARD_NODE_RESOURCES.contains(&name) {
         return Ok(());
     }
@@ -191,7 +192,7 @@ fn check_label_key(key: &str) -> Result<(), String> {
 }
 
 /// A label value: empty, or up to 63 of [A-Za-z0-9-_.] starting and ending alphanumeric.
-pub fn check_label_value(value: &str) -> Result<(), String> {
+pub(super) fn check_label_value(value: &str) -> Result<(), String> {
     if value.is_empty() || is_name_part(value) {
         Ok(())
     } else {
@@ -235,7 +236,7 @@ fn is_name_part(name: &str) -> bool {
 }
 
 /// RFC 1123 subdomain: at most 253 characters, dot-separated lowercase labels.
-pub fn is_dns_subdomain(text: &str) -> bool {
+pub(super) fn is_dns_subdomain(text: &str) -> bool {
     text.len() <= 253
         && text.split('.').all(|label| {
             let bytes = label.as_bytes();

@@ -196,10 +196,10 @@ fn plain_strings_are_read_as_serde_json_reads_them_and_others_left_to_it() {
     assert!(string_in(b"\"\xff\"", 0).is_none());
 }
 
-/// The `overcommit.dev/applied` annotation: read as serde_json reads it where it is written as
-/// this webhook writes it, left to serde_json otherwise.
+/// A named string then a named map (the node rule's `overcommit.dev/applied` annotation): read
+/// as serde_json reads it where it is written plainly in that order, left to serde_json otherwise.
 #[test]
-fn the_applied_annotation_is_read_as_serde_json_reads_it_or_left_to_it() {
+fn a_string_then_a_map_is_read_as_serde_json_reads_it_or_left_to_it() {
     #[derive(serde::Deserialize)]
     struct Applied<'a> {
         #[serde(borrow, deserialize_with = "crate::borrowed::str")]
@@ -226,7 +226,7 @@ fn the_applied_annotation_is_read_as_serde_json_reads_it_or_left_to_it() {
         (r#"{"policy":"a","ratios":{}"#, false),
         (r#"["a",{}]"#, false),
     ] {
-        let ours = applied(text);
+        let ours = string_then_map(text, "policy", "ratios");
         assert_eq!(ours.is_some(), plain, "{text}");
         if let Some((policy, ratios)) = ours {
             let serde: Applied<'_> =

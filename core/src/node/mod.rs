@@ -30,28 +30,20 @@
 //! (raw 4 inflated to 8, then the node is resized to 8), the two cannot be told apart and 4 is
 //! kept until the next write that differs. Resizes change capacity too; see docs/policy.md.
 
-use std::borrow::Cow;
-use std::collections::BTreeMap;
+mod annotations;
 
-use serde::{Deserialize, Serialize};
+use overcommit_json::StrMap;
 use serde_json::Value;
 
+use self::annotations::{Desired, KEYS, RawRecord, Recorded};
+use crate::Account;
 use crate::patch::{PatchOp, pointer};
-use crate::plain_json;
-use crate::policy::{CompiledPolicy, NodeChoice, PolicySet};
-use crate::quantity::{Format, Quantity, QuantityError, Ratio};
+use crate::policy::{NodeChoice, PolicySet};
+use crate::quantity::{Format, MAX_UNITS, Quantity, QuantityError, Ratio};
 
-/// Node annotation: the kubelet's allocatable for each inflated resource (JSON map).
-pub const RAW_ALLOCATABLE_ANNOTATION: &str = "overcommit.dev/raw-allocatable";
-/// Node annotation: what was applied (JSON `{"policy": name, "ratios": {resource: ratio}}`).
-pub const APPLIED_ANNOTATION: &str = "overcommit.dev/applied";
-
-/// The largest number of units (millicores, bytes, ...) a written quantity may have.
-pub const MAX_UNITS: u128 = i64::MAX as u128;
-
-/// A string map as read from a review: borrowed where the JSON had no escapes.
-pub use crate::str_map::StrMap;
-use crate::str_map::VecMap;
+pub use self::annotations::{
+    APPLIED_ANNOTATION, AnnotationError, RAW_ALLOCATABLE_ANNOTATION, carries_overcommit_annotations,
+};
 
 /// The parts of a Node the rule reads.
 #[derive(Debug, Clone, Copy, Default)]
@@ -125,73 +117,18 @@ pub struct NodeDecision {
     pub patch: Vec<PatchOp>,
 }
 
-/// JSON of the `overcommit.dev/applied` annotation, as read back (borrowed from the annotation).
-#[derive(Debug, Deserialize)]
-struct AppliedIn<'a> {
-    /// Not used, but required (an annotation without it is unreadable).
-    #[serde(rename = "policy", borrow, deserialize_with = "crate::borrowed::str")]
-    _policy: Cow<'a, str>,
-    #[serde(borrow, deserialize_with = "crate::borrowed::str_map")]
-    ratios: StrMap<'a>,
-}
-
-/// JSON of the `overcommit.dev/applied` annotation, as written: keys in this order.
-#[derive(Serialize)]
-struct AppliedOut<'p> {
-    policy: &'p str,
-    ratios: RatiosOut<'p>,
-}
-
-/// A policy's ratios as written in the policy, by resource (a map in resource order).
-struct RatiosOut<'p>(&'p BTreeMap<String, (String, Ratio)>);
-
-impl Serialize for RatiosOut<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(self.0.iter().map(|(resource, (text, _))| (resource, text)))
-    }
-}
-
-/// The `overcommit.dev/raw-allocatable` map, as read back (borrowed from the annotation).
-#[derive(Deserialize)]
-#[serde(transparent)]
-struct RawIn<'a>(#[serde(borrow, deserialize_with = "crate::borrowed::str_map")] StrMap<'a>);
-
-/// A resource's raw allocatable as recorded: its text and value.
-type RawRecord<'a> = (Cow<'a, str>, Quantity);
-
-/// What this webhook wrote last time, read back from the annotations.
-struct Previous<'a> {
-    raw: VecMap<'a, RawRecord<'a>>,
-    ratios: VecMap<'a, Ratio>,
-}
-
-impl Previous<'_> {
-    /// What this webhook recorded for `resource`, if anything: the raw text and value, and the
-    /// allocatable it wrote from them.
-    fn recorded(&self, resource: &str) -> Option<(&RawRecord<'_>, Result<Quantity, InflateError>)> {
-        let recorded = self.raw.get(resource)?;
-        let written = match self.ratios.get(resource) {
-            Some(ratio) if !ratio.is_one() => inflate(resource, &recorded.1, ratio),
-            _ => Ok(recorded.1),
-        };
-        Some((recorded, written))
-    }
-}
-
-/// Whether a node's annotations hold either overcommit annotation; if the incoming node's do
-/// not, `decide` reads the stored node's.
-pub fn carries_overcommit_annotations(annotations: Option<&StrMap<'_>>) -> bool {
-    annotations.is_some_and(|a| {
-        a.contains_key(RAW_ALLOCATABLE_ANNOTATION) || a.contains_key(APPLIED_ANNOTATION)
-    })
-}
-
-/// How much of the decision to keep: the patch is always computed; the per-resource account
-/// (`NodeDecision::resources`, for `review --explain` and tests) only when asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Account {
-    PatchOnly,
-    Full,
+/// What this webhook recorded for `resource`, if anything: the raw text and value, and the
+/// allocatable it wrote from them.
+fn recorded<'r>(
+    recorded: &'r Recorded<'_>,
+    resource: &str,
+) -> Option<(&'r RawRecord<'r>, Result<Quantity, InflateError>)> {
+    let (raw, ratio) = recorded.get(resource)?;
+    let written = match ratio {
+        Some(ratio) if !ratio.is_one() => inflate(resource, &raw.1, ratio),
+        _ => Ok(raw.1),
+    };
+    Some((raw, written))
 }
 
 /// Decide the node's allocatable and annotations. `stored` is the node as stored (the review's
@@ -222,7 +159,7 @@ pub fn decide_with(
             .filter(|s| carries_annotations(s))
             .and_then(|s| s.annotations)
     };
-    let previous = match previous_source.map(read_previous) {
+    let previous = match previous_source.map(annotations::read) {
         None => None,
         Some(Ok(previous)) => Some(previous),
         Some(Err(reason)) => {
@@ -249,7 +186,7 @@ pub fn decide_with(
         let ratio = policy
             .and_then(|p| p.ratios.get(resource))
             .filter(|(_, ratio)| !ratio.is_one());
-        let previous_raw = match previous.as_ref().and_then(|p| p.recorded(resource)) {
+        let previous_raw = match previous.as_ref().and_then(|p| recorded(p, resource)) {
             Some((raw, written)) => Some((raw, written?)),
             None => None,
         };
@@ -298,7 +235,10 @@ pub fn decide_with(
         }
     }
 
-    let desired_annotations = policy.map(|policy| (policy, raw_record.as_slice()));
+    let desired_annotations = policy.map(|policy| Desired {
+        policy,
+        raw_record: raw_record.as_slice(),
+    });
     annotation_patch(node, desired_annotations, &mut patch)?;
 
     Ok(NodeDecision {
@@ -361,133 +301,22 @@ fn check_capacity(
     }
 }
 
-fn read_previous<'a>(annotations: &'a StrMap<'_>) -> Result<Previous<'a>, String> {
-    let raw_text = annotations
-        .get(RAW_ALLOCATABLE_ANNOTATION)
-        .ok_or_else(|| format!("{APPLIED_ANNOTATION} without {RAW_ALLOCATABLE_ANNOTATION}"))?;
-    let applied_text = annotations
-        .get(APPLIED_ANNOTATION)
-        .ok_or_else(|| format!("{RAW_ALLOCATABLE_ANNOTATION} without {APPLIED_ANNOTATION}"))?;
-    // Read without serde_json where they are as this webhook writes them (`plain_json`).
-    let raw_map = match plain_json::whole_map(raw_text) {
-        Some(map) => map,
-        None => {
-            serde_json::from_str::<RawIn<'_>>(raw_text)
-                .map_err(|e| format!("{RAW_ALLOCATABLE_ANNOTATION}: {e}"))?
-                .0
-        }
-    };
-    let applied_ratios = match plain_json::applied(applied_text) {
-        Some((_policy, ratios)) => ratios,
-        None => {
-            serde_json::from_str::<AppliedIn<'_>>(applied_text)
-                .map_err(|e| format!("{APPLIED_ANNOTATION}: {e}"))?
-                .ratios
-        }
-    };
-    // Both maps come sorted: each insert is a push.
-    let mut raw = VecMap::with_capacity(raw_map.len());
-    for (resource, text) in raw_map {
-        let quantity = Quantity::parse(&text)
-            .map_err(|e| format!("{RAW_ALLOCATABLE_ANNOTATION} {resource}: {e}"))?;
-        raw.insert(resource, (text, quantity));
-    }
-    let mut ratios = VecMap::with_capacity(applied_ratios.len());
-    for (resource, text) in applied_ratios {
-        let ratio =
-            Ratio::parse(&text).map_err(|e| format!("{APPLIED_ANNOTATION} {resource}: {e}"))?;
-        ratios.insert(resource, ratio);
-    }
-    Ok(Previous { raw, ratios })
-}
-
-/// The JSON of the annotation `key` (one of the two) for a node under `policy`.
-fn write_annotation<W: std::io::Write>(
-    key: &str,
-    policy: &CompiledPolicy,
-    raw_record: &[(&str, &str)],
-    out: W,
-) -> Result<(), serde_json::Error> {
-    if key == RAW_ALLOCATABLE_ANNOTATION {
-        serde_json::to_writer(out, &RawOut(raw_record))
-    } else {
-        let applied = AppliedOut {
-            policy: &policy.name,
-            ratios: RatiosOut(&policy.ratios),
-        };
-        serde_json::to_writer(out, &applied)
-    }
-}
-
-/// The raw values recorded, by resource: in the allocatable map's order, so sorted and unique
-/// (the JSON map a `BTreeMap` gives).
-struct RawOut<'r>(&'r [(&'r str, &'r str)]);
-
-impl Serialize for RawOut<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(self.0.iter().map(|(resource, text)| (resource, text)))
-    }
-}
-
-/// Whether writing produces exactly `expected` (compared as it is written: nothing is built).
-fn writes_exactly(
-    expected: &str,
-    write: impl FnOnce(&mut SameBytes<'_>) -> Result<(), serde_json::Error>,
-) -> bool {
-    let mut same = SameBytes {
-        rest: expected.as_bytes(),
-        same: true,
-    };
-    write(&mut same).is_ok() && same.same && same.rest.is_empty()
-}
-
-/// An `io::Write` that compares what is written with the bytes it expects.
-struct SameBytes<'e> {
-    rest: &'e [u8],
-    same: bool,
-}
-
-impl std::io::Write for SameBytes<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self.rest.strip_prefix(buf) {
-            Some(rest) if self.same => self.rest = rest,
-            _ => self.same = false,
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The annotation's JSON as a string.
-fn annotation_value(
-    key: &str,
-    policy: &CompiledPolicy,
-    raw_record: &[(&str, &str)],
-) -> Result<String, InflateError> {
-    let mut out = Vec::with_capacity(128);
-    write_annotation(key, policy, raw_record, &mut out)
-        .map_err(|e| InflateError::Encode(e.to_string()))?;
-    String::from_utf8(out).map_err(|e| InflateError::Encode(e.to_string()))
-}
-
-/// What the annotations should say: under this policy, with these raw values recorded.
-type DesiredAnnotations<'d> = Option<(&'d CompiledPolicy, &'d [(&'d str, &'d str)])>;
-
-/// Operations that make the node's annotations what they should be.
+/// Operations that make the node's annotations what they should be (none: no policy applies).
 fn annotation_patch(
     node: &NodeView<'_>,
-    desired: DesiredAnnotations<'_>,
+    desired: Option<Desired<'_>>,
     patch: &mut Vec<PatchOp>,
 ) -> Result<(), InflateError> {
-    const KEYS: [&str; 2] = [RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION];
+    let value = |desired: &Desired<'_>, key| {
+        desired
+            .value(key)
+            .map_err(|e| InflateError::Encode(e.to_string()))
+    };
     match (desired, node.annotations) {
-        (Some((policy, raw_record)), None) => {
+        (Some(desired), None) => {
             let mut annotations = serde_json::Map::new();
             for key in KEYS {
-                let value = annotation_value(key, policy, raw_record)?;
+                let value = value(&desired, key)?;
                 annotations.insert(key.to_string(), Value::String(value));
             }
             patch.push(if node.has_metadata {
@@ -504,16 +333,16 @@ fn annotation_patch(
                 }
             });
         }
-        (Some((policy, raw_record)), Some(current)) => {
+        (Some(desired), Some(current)) => {
             for key in KEYS {
                 // Usually already what it should be: compared as it is written, not built.
-                let unchanged = current.get(key).is_some_and(|value| {
-                    writes_exactly(value, |out| write_annotation(key, policy, raw_record, out))
-                });
+                let unchanged = current
+                    .get(key)
+                    .is_some_and(|current| desired.is_written(key, current));
                 if !unchanged {
                     patch.push(PatchOp::Add {
                         path: pointer(["metadata", "annotations", key]),
-                        value: Value::String(annotation_value(key, policy, raw_record)?),
+                        value: Value::String(value(&desired, key)?),
                     });
                 }
             }

@@ -22,7 +22,9 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::{Map, Value};
 
-use crate::inflate::{Account, StrMap};
+use overcommit_json::StrMap;
+
+use crate::Account;
 use crate::patch::{PatchOp, pointer};
 use crate::policy::{CompiledPodDefaults, POD_DEFAULT_RESOURCES, PolicySet};
 use crate::quantity::{Format, Quantity, QuantityError};
@@ -45,7 +47,11 @@ pub struct PodSpecIn<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ContainerIn<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str"
+    )]
     pub name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub resources: Option<ResourcesIn<'a>>,
@@ -53,9 +59,17 @@ pub struct ContainerIn<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourcesIn<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str_map"
+    )]
     pub requests: Option<StrMap<'a>>,
-    #[serde(borrow, default, deserialize_with = "crate::borrowed::option_str_map")]
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "overcommit_json::borrowed::option_str_map"
+    )]
     pub limits: Option<StrMap<'a>>,
 }
 

@@ -327,8 +327,8 @@ fn policy_set_new_refuses_duplicates() {
 #[test]
 fn checked_in_crd_is_up_to_date() {
     // `make crd` (or UPDATE_CRD=1 cargo test checked_in_crd) rewrites the file.
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crd/overcommitpolicies.yaml");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/crd/overcommitpolicies.yaml");
     let generated = match crd_yaml() {
         Ok(yaml) => yaml,
         Err(e) => panic!("CRD does not serialise: {e}"),
@@ -365,7 +365,8 @@ fn crd_is_cluster_scoped_with_the_validations_the_code_applies() {
 
 #[test]
 fn example_policy_is_valid() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/policy.yaml");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/policy.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     match parse_policy_file(&text).and_then(PolicySet::new) {
         Ok(set) => assert!(set.len() >= 2, "the example shows several policies"),

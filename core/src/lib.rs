@@ -1,0 +1,23 @@
+//! kube-overcommit's rules, pure: no I/O, no async runtime, no Kubernetes client, no TLS (the
+//! crate's Cargo.toml has none of them, so the compiler holds the boundary). The webhook's
+//! transport, caches and leader call into these; nothing here calls out.
+//!
+//! - [`node`]: the node rule: raw detection, ratios, the annotations it keeps its memory in.
+//! - [`pod`]: the pod rule: default requests, request-to-limit.
+//! - [`policy`]: OvercommitPolicy (the CRD type), validation, choosing the policy for a node.
+//! - [`quantity`]: Kubernetes quantities and ratios, exact.
+//! - [`patch`]: JSON Patch operations.
+
+pub mod node;
+pub mod patch;
+pub mod pod;
+pub mod policy;
+pub mod quantity;
+
+/// How much of a rule's decision to keep: the patch is always computed; the per-resource
+/// account (for `review --explain` and tests) only when asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Account {
+    PatchOnly,
+    Full,
+}

@@ -1,0 +1,263 @@
+//! The codec of the node annotations the rule keeps its memory in. Pure.
+//!
+//! - `overcommit.dev/raw-allocatable`: a JSON map, resource -> the kubelet's allocatable, for
+//!   each resource this webhook inflated (`{"cpu":"4","memory":"16Gi"}`).
+//! - `overcommit.dev/applied`: JSON `{"policy": name, "ratios": {resource: ratio}}`, the
+//!   policy and ratios it applied, written in that member order.
+//!
+//! Read back with `overcommit_json::plain` where they are written as this webhook writes them,
+//! with serde_json otherwise (same values, same errors). Written by serde_json, and compared
+//! with what a node carries as they are written, so that the usual review builds no string.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use overcommit_json::{StrMap, VecMap, plain};
+use serde::{Deserialize, Serialize};
+
+use crate::policy::CompiledPolicy;
+use crate::quantity::{Quantity, Ratio};
+
+/// Node annotation: the kubelet's allocatable for each inflated resource (JSON map).
+pub const RAW_ALLOCATABLE_ANNOTATION: &str = "overcommit.dev/raw-allocatable";
+/// Node annotation: what was applied (JSON `{"policy": name, "ratios": {resource: ratio}}`).
+pub const APPLIED_ANNOTATION: &str = "overcommit.dev/applied";
+/// Both, in the order they are written.
+pub(super) const KEYS: [&str; 2] = [RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION];
+
+/// Why the annotations could not be read back (the rule then ignores them and notes why).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnnotationError {
+    #[error("{present} without {missing}")]
+    Missing {
+        present: &'static str,
+        missing: &'static str,
+    },
+    #[error("{annotation}: {reason}")]
+    Json {
+        annotation: &'static str,
+        reason: String,
+    },
+    #[error("{annotation} {resource}: {reason}")]
+    Value {
+        annotation: &'static str,
+        resource: String,
+        reason: String,
+    },
+}
+
+/// Whether a node's annotations hold either overcommit annotation.
+pub fn carries_overcommit_annotations(annotations: Option<&StrMap<'_>>) -> bool {
+    annotations.is_some_and(|a| KEYS.iter().any(|key| a.contains_key(key)))
+}
+
+/// A resource's raw allocatable as recorded: its text and value.
+pub(super) type RawRecord<'a> = (Cow<'a, str>, Quantity);
+
+/// What this webhook wrote last time, read back from the annotations.
+pub(super) struct Recorded<'a> {
+    raw: VecMap<'a, RawRecord<'a>>,
+    ratios: VecMap<'a, Ratio>,
+}
+
+impl Recorded<'_> {
+    /// The raw value recorded for `resource`, and the ratio it was inflated by (none: by 1).
+    pub(super) fn get(&self, resource: &str) -> Option<(&RawRecord<'_>, Option<&Ratio>)> {
+        let raw = self.raw.get(resource)?;
+        Some((raw, self.ratios.get(resource)))
+    }
+}
+
+/// JSON of the `overcommit.dev/applied` annotation, as read back (borrowed from the annotation).
+#[derive(Debug, Deserialize)]
+struct AppliedIn<'a> {
+    /// Not used, but required (an annotation without it is unreadable).
+    #[serde(
+        rename = "policy",
+        borrow,
+        deserialize_with = "overcommit_json::borrowed::str"
+    )]
+    _policy: Cow<'a, str>,
+    #[serde(borrow, deserialize_with = "overcommit_json::borrowed::str_map")]
+    ratios: StrMap<'a>,
+}
+
+/// The `overcommit.dev/raw-allocatable` map, as read back (borrowed from the annotation).
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct RawIn<'a>(
+    #[serde(borrow, deserialize_with = "overcommit_json::borrowed::str_map")] StrMap<'a>,
+);
+
+/// Read both annotations back. Both must be there and readable, or neither counts.
+pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, AnnotationError> {
+    let missing = |present, missing| AnnotationError::Missing { present, missing };
+    let json = |annotation| {
+        move |e: serde_json::Error| AnnotationError::Json {
+            annotation,
+            reason: e.to_string(),
+        }
+    };
+    let raw_text = annotations
+        .get(RAW_ALLOCATABLE_ANNOTATION)
+        .ok_or_else(|| missing(APPLIED_ANNOTATION, RAW_ALLOCATABLE_ANNOTATION))?;
+    let applied_text = annotations
+        .get(APPLIED_ANNOTATION)
+        .ok_or_else(|| missing(RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION))?;
+    let raw_map = match plain::whole_map(raw_text) {
+        Some(map) => map,
+        None => {
+            serde_json::from_str::<RawIn<'_>>(raw_text)
+                .map_err(json(RAW_ALLOCATABLE_ANNOTATION))?
+                .0
+        }
+    };
+    let applied_ratios = match plain::string_then_map(applied_text, "policy", "ratios") {
+        Some((_policy, ratios)) => ratios,
+        None => {
+            serde_json::from_str::<AppliedIn<'_>>(applied_text)
+                .map_err(json(APPLIED_ANNOTATION))?
+                .ratios
+        }
+    };
+    let value = |annotation, resource: &str, reason: String| AnnotationError::Value {
+        annotation,
+        resource: resource.to_string(),
+        reason,
+    };
+    // Both maps come sorted: each insert is a push.
+    let mut raw = VecMap::with_capacity(raw_map.len());
+    for (resource, text) in raw_map {
+        let quantity = Quantity::parse(&text)
+            .map_err(|e| value(RAW_ALLOCATABLE_ANNOTATION, &resource, e.to_string()))?;
+        raw.insert(resource, (text, quantity));
+    }
+    let mut ratios = VecMap::with_capacity(applied_ratios.len());
+    for (resource, text) in applied_ratios {
+        let ratio =
+            Ratio::parse(&text).map_err(|e| value(APPLIED_ANNOTATION, &resource, e.to_string()))?;
+        ratios.insert(resource, ratio);
+    }
+    Ok(Recorded { raw, ratios })
+}
+
+/// What the annotations should say: under this policy, with these raw values recorded
+/// (resource -> raw text, in the allocatable map's order: sorted and unique).
+#[derive(Clone, Copy)]
+pub(super) struct Desired<'d> {
+    pub(super) policy: &'d CompiledPolicy,
+    pub(super) raw_record: &'d [(&'d str, &'d str)],
+}
+
+impl Desired<'_> {
+    /// Whether annotation `key` (one of `KEYS`) already says exactly this (compared as it is
+    /// written: nothing is built).
+    pub(super) fn is_written(&self, key: &str, current: &str) -> bool {
+        writes_exactly(current, |out| self.write(key, out))
+    }
+
+    /// The JSON of annotation `key` (one of `KEYS`).
+    pub(super) fn value(&self, key: &str) -> Result<String, serde_json::Error> {
+        let mut out = Vec::with_capacity(128);
+        self.write(key, &mut out)?;
+        // serde_json writes UTF-8.
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    fn write<W: std::io::Write>(&self, key: &str, out: W) -> Result<(), serde_json::Error> {
+        if key == RAW_ALLOCATABLE_ANNOTATION {
+            serde_json::to_writer(out, &RawOut(self.raw_record))
+        } else {
+            let applied = AppliedOut {
+                policy: &self.policy.name,
+                ratios: RatiosOut(&self.policy.ratios),
+            };
+            serde_json::to_writer(out, &applied)
+        }
+    }
+}
+
+/// JSON of the `overcommit.dev/applied` annotation, as written: keys in this order.
+#[derive(Serialize)]
+struct AppliedOut<'p> {
+    policy: &'p str,
+    ratios: RatiosOut<'p>,
+}
+
+/// A policy's ratios as written in the policy, by resource (a map in resource order).
+struct RatiosOut<'p>(&'p BTreeMap<String, (String, Ratio)>);
+
+impl Serialize for RatiosOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(resource, (text, _))| (resource, text)))
+    }
+}
+
+/// The raw values recorded, by resource: in the allocatable map's order, so sorted and unique
+/// (the JSON map a `BTreeMap` gives).
+struct RawOut<'r>(&'r [(&'r str, &'r str)]);
+
+impl Serialize for RawOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(resource, text)| (resource, text)))
+    }
+}
+
+/// Whether writing produces exactly `expected` (compared as it is written: nothing is built).
+fn writes_exactly(
+    expected: &str,
+    write: impl FnOnce(&mut SameBytes<'_>) -> Result<(), serde_json::Error>,
+) -> bool {
+    let mut same = SameBytes {
+        rest: expected.as_bytes(),
+        same: true,
+    };
+    write(&mut same).is_ok() && same.same && same.rest.is_empty()
+}
+
+/// An `io::Write` that compares what is written with the bytes it expects.
+struct SameBytes<'e> {
+    rest: &'e [u8],
+    same: bool,
+}
+
+impl std::io::Write for SameBytes<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.rest.strip_prefix(buf) {
+            Some(rest) if self.same => self.rest = rest,
+            _ => self.same = false,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotations_compared_as_written() {
+        let cases: &[(&str, &[u8], bool)] = &[
+            ("abc", b"abc", true),
+            ("abc", b"ab", false),
+            ("ab", b"abc", false),
+            ("abc", b"abd", false),
+            ("", b"", true),
+        ];
+        for &(expected, written, same) in cases {
+            let result = writes_exactly(expected, |out| {
+                std::io::Write::write_all(out, written).map_err(serde_json::Error::io)
+            });
+            assert_eq!(result, same, "{expected:?} vs {written:?}");
+        }
+        // Written in pieces, as serde_json writes.
+        assert!(writes_exactly(r#"{"a":"b"}"#, |out| serde_json::to_writer(
+            out,
+            &serde_json::json!({"a": "b"})
+        )));
+    }
+}
