@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common import apiserver_markdown
+
 PRODUCT, GO, FLOOR = "kube-overcommit", "go-webhook", "floor"
 TARGET_PAYLOAD = "node-55k"
 
@@ -260,8 +262,7 @@ def render(results: dict) -> str:
     if not api:
         L.append("Not measured in this run.\n")
     else:
-        import apiserver_bench  # rendered from the numbers, so wording fixes apply to old results too
-        L.extend(apiserver_bench.markdown(api))
+        L.extend(apiserver_markdown(api))  # rendered from the numbers, so wording fixes apply to old results too
         L.append("")
     prof = results.get("profile")
     if prof:
