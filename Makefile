@@ -27,6 +27,7 @@ test: test-unit test-e2e image-check
 
 test-unit:
 	$(CARGO) test --locked --release --workspace
+	python3 -m unittest discover -s bench -p 'test_*.py'
 
 test-e2e: release cluster-build
 	$(CARGO) test --locked --release -- --ignored

@@ -26,16 +26,9 @@ import time
 import urllib.parse
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from equivalence import quantity  # noqa: E402
-from gen_payloads import wait_for  # noqa: E402  (one poll-until helper for the bench scripts)
+from common import (KCP, KUBELET_UPDATE_S, OUT, PHASES, REPORT_FREQUENCY_S, ROOT, apiserver_markdown, make_servers,
+                    payload_path, quantity, wait_for, wait_ready)
 
-ROOT = HERE.parent
-OUT = HERE / "out"
-KCP = ROOT / "tests" / "cluster" / "kcp.sh"
-# The benchmark runs its own control plane in bench/out/kcp, apart from any other run dir.
-os.environ.setdefault("KCP_RUN_DIR", str(Path(__file__).resolve().parent / "out" / "kcp"))
 NAMESPACE = "overcommit-bench"
 SERVICE = "kube-overcommit-bench"
 WEBHOOK = "kube-overcommit-bench"
@@ -177,10 +170,10 @@ def create_probe_node(api: Api) -> dict:
 
 
 def _payload(name: str) -> Path:
-    for d in (OUT / "payloads", HERE / "payloads"):
-        if (d / f"{name}.json").exists():
-            return d / f"{name}.json"
-    raise FileNotFoundError(name)
+    path = payload_path(name)
+    if path is None:
+        raise FileNotFoundError(name)
+    return path
 
 
 def patch_latencies(api: Api, raw_allocatable: dict, count: int) -> dict:
@@ -246,15 +239,6 @@ def webhook_metrics(api: Api) -> dict:
     return out
 
 
-PHASES = ("off", "kube-overcommit", "go-webhook")
-# The fake kubelets report an unchanged status every minute instead of the kubelet's 5 min, so
-# that a 2-minute window sees the unmutated writes at all; the rate with the webhook (every 10 s,
-# nodeStatusUpdateFrequency) does not depend on it. The report scales the "off" rate to 5 min.
-REPORT_FREQUENCY_S = 60
-# The kubelet's nodeStatusUpdateFrequency and node-lease renewal (a quarter of the 40 s lease).
-KUBELET_UPDATE_S = 10
-
-
 def update_frequency(args) -> int:
     """--status-update-frequency, else 10 s per 250 nodes (the load this machine carries), 10-60 s."""
     if args.status_update_frequency:
@@ -274,8 +258,6 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
     (renewed every quarter). Above the kubelet's 10 s a large fleet puts the write load of a
     smaller one on the API server (1,000 nodes at 40 s: the writes of 250 at 10 s), which is what
     lets 1,000 nodes run on a 2-core machine; the report scales the write rates back to 10 s."""
-    import bench  # the driver's Server and certificates
-
     if update_s < KUBELET_UPDATE_S or update_s > REPORT_FREQUENCY_S:
         raise ValueError(f"status update frequency must be {KUBELET_UPDATE_S}-{REPORT_FREQUENCY_S} s, not {update_s}")
     window = 60 if quick else 120
@@ -289,7 +271,7 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
     if subprocess.run([str(KCP), "kubectl", "get", "--raw", "/readyz"], capture_output=True).returncode != 0:
         subprocess.run([str(KCP), "up"], check=True)
         cluster_started = True
-    servers = {s.name: s for s in bench.make_servers(bins, tls, max_seconds=3600) if s.name in PHASES}
+    servers = {s.name: s for s in make_servers(bins, tls, max_seconds=3600) if s.name in PHASES}
     for s in servers.values():
         s.start()
     fleet = None
@@ -297,7 +279,7 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
     addr = {name: f"127.0.0.1:{s.port}" for name, s in servers.items()}
     try:
         for s in servers.values():
-            bench.wait_ready(s, tls, _payload("node-55k").read_bytes(), "node-55k")
+            wait_ready(s, tls, _payload("node-55k").read_bytes(), "node-55k")
         for a in addr.values():
             webhook_off(api, a)
         node = create_probe_node(api)
@@ -360,66 +342,5 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
             s.stop()
         if cluster_started:
             subprocess.run([str(KCP), "down"], check=False)
-    results["markdown"] = markdown(results)
+    results["markdown"] = apiserver_markdown(results)
     return results
-
-
-def markdown(r: dict) -> list[str]:
-    update_s = r.get("update_s", KUBELET_UPDATE_S)
-    # Rates measured at update_s, as they would be at the kubelet's 10 s (the webhook-on rate is set
-    # by the update frequency alone; the off rate by the report frequency, not scaled).
-    scale = update_s / KUBELET_UPDATE_S
-    L = []
-    if r.get("carried_over"):
-        L += [f"Carried over from the run of {r.get('measured_at', '?')} (commit {r.get('commit', '?')}): this run of the "
-              "server benchmarks skipped the API-server part (`bench.py run --skip-apiserver`).", ""]
-    elif r.get("measured_at"):
-        L += [f"Measured {r['measured_at']} at commit {r.get('commit', '?')}.", ""]
-    cadence = (f"status PATCH every {update_s} s when changed, else every {REPORT_FREQUENCY_S} s here, where the kubelet "
-               "waits 5 min")
-    if update_s != KUBELET_UPDATE_S:
-        cadence += (f"; status updates and lease renewals every {update_s} s, {scale:g}x slower than the kubelet's 10 s, "
-                    f"so that {r['nodes']} nodes put the write load of {r['nodes'] / scale:.0f} on this 2-core machine")
-    L += [f"{r['nodes']} fake kubelets (tests/cluster fake-nodes: 50 images each, {cadence}) on the local control plane; "
-         "each webhook as a local process behind a Service "
-         "(failurePolicy Ignore, timeoutSeconds 2, UPDATE nodes/status and CREATE nodes). PATCH latency: "
-         f"{r['probes']} sequential kubelet-style strategic-merge PATCHes of one more real-sized Node from a client on this machine. "
-         f"Node writes: MODIFIED events of the fleet's Nodes in a {r['window_s']} s watch (each is a new resourceVersion in etcd).",
-         "",
-         "| webhook | PATCH nodes/status p50 ms | p90 ms | p99 ms | allocatable rewritten | Node writes / node / min | "
-         "webhook calls | mean webhook call, API server's metric (ms) | webhook CPU s | webhook peak RSS MiB |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
-    for phase in PHASES:
-        p = r.get(phase)
-        if not p:
-            continue
-        lat, w = p["patch"], p["writes"]
-        mean = "–" if p["webhook_mean_ms"] is None else f"{p['webhook_mean_ms']:.2f}"
-        cpu = "–" if p["server_cpu_s"] is None else f"{p['server_cpu_s']:.2f}"
-        rss = "–" if p.get("server_rss_kib") is None else f"{p['server_rss_kib'] / 1024:.1f}"
-        L.append(f"| {phase} | {lat['p50_ms']:.2f} | {lat['p90_ms']:.2f} | {lat['p99_ms']:.2f} | {lat['mutated']}/{lat['count']} | "
-                 f"{w['per_node_per_minute']:.2f} ({w['writes']} in {w['seconds']} s) | {p['webhook_calls']} | {mean} | {cpu} | {rss} |")
-    L += ["", "The API server's metric covers its whole webhook call (encoding the review with both objects, TLS, the "
-              "webhook, decoding and applying the answer) on a machine where the API server itself competes for 2 shared "
-              f"cores with {r['nodes']} fake kubelets and other work; the phases ran one after the other, so differences between "
-              "the two webhooks there, and in PATCH p99, are within this machine's noise. The PATCH p50 and the write rate "
-              "are the stable figures."]
-    off, on = r.get("off"), r.get("kube-overcommit")
-    off_5min = off["writes"]["per_node_per_minute"] * REPORT_FREQUENCY_S / 300 if off else None
-    if off:
-        L += ["", f"The fake kubelets here report an unchanged status every {REPORT_FREQUENCY_S} s (flag "
-                  "--status-report-frequency) so that the window sees those writes; at the kubelet's default 5 min the "
-                  f"webhook-off rate is {off_5min:.2f} writes per node "
-                  f"per minute (scaled), while the rate with the webhook is set by the {update_s} s update frequency alone."]
-    if off and on:
-        d50 = on["patch"]["p50_ms"] - off["patch"]["p50_ms"]
-        d99 = on["patch"]["p99_ms"] - off["patch"]["p99_ms"]
-        on_rate = on["writes"]["per_node_per_minute"]
-        at_kubelet = "" if scale == 1 else (f" as measured at {update_s} s, {on_rate * scale:.2f} at the kubelet's 10 s "
-                                            f"({r['nodes'] * on_rate * scale / 60:.0f} writes/s for these {r['nodes']} nodes)")
-        L += ["", f"kube-overcommit adds {d50:.2f} ms at p50 and {d99:.2f} ms at p99 to a status PATCH. "
-                  "With it, every kubelet writes its status at every status update instead of every 5 min (the stored allocatable "
-                  "always differs from the kubelet's own), so Node writes reaching etcd go from "
-                  f"{off_5min:.2f} (5 min reports) to {on_rate:.2f} per node per minute{at_kubelet} "
-                  "(design.md section 1: this is the cost of the overcommit itself, the same for any webhook doing it)."]
-    return L

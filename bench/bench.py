@@ -22,32 +22,23 @@ import os
 import platform
 import resource
 import shutil
-import signal
 import socket
 import statistics
-import ssl
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-OUT = HERE / "out"
-sys.path.insert(0, str(HERE))
-import equivalence  # noqa: E402
+import apiserver_bench
+import equivalence
+import report
+from common import (COMMITTED_PAYLOADS, HERE, KCP, OUT, PAYLOADS, RESULTS, ROOT, Server, log, make_servers, payload_path,
+                    pinned, post, read_results, tls_context, wait_ready, write_results)
 
-# The benchmark runs its own control plane in bench/out/kcp, apart from any other run dir.
-os.environ.setdefault("KCP_RUN_DIR", str(Path(__file__).resolve().parent / "out" / "kcp"))
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kube-overcommit-bench"
 OHA_VERSION = os.environ.get("BENCH_OHA_VERSION", "")  # empty: the newest oha
-SERVER_CPU = os.environ.get("BENCH_SERVER_CPU", "1")
 LOAD_CPU = os.environ.get("BENCH_LOAD_CPU", "0")
 P99_LIMIT_MS = 5.0
-# The machine is shared with builds: the servers and the load generator run at a raised priority
-# (nice) so that the numbers are theirs, not the neighbours'. Empty or non-root: unchanged.
-NICE = os.environ.get("BENCH_NICE", "-15")
 
 
 # Fixed-rate steps measure latency, which the neighbours' builds would otherwise dominate (p99
@@ -61,23 +52,6 @@ def set_realtime(pid: int, on: bool) -> None:
     if REALTIME:
         policy = ["-f", "-a", "-p", "10"] if on else ["-o", "-a", "-p", "0"]
         subprocess.run(["chrt", *policy, str(pid)], check=True, stdout=subprocess.DEVNULL)
-
-
-def pinned(cpu: str, argv: list[str]) -> list[str]:
-    """argv pinned to one CPU (taskset) and, when we may, at the benchmark's priority."""
-    out = list(argv)
-    if shutil.which("taskset"):
-        out = ["taskset", "-c", cpu, *out]
-    if NICE and os.geteuid() == 0:
-        out = ["nice", "-n", NICE, *out]
-    return out
-
-PAYLOADS = ["node-10k", "node-55k", "node-200k", "pod-4k"]
-COMMITTED_PAYLOADS = HERE / "payloads"  # small payloads are committed; node-200k is generated
-
-
-def log(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -156,115 +130,11 @@ def make_certs(tls: Path) -> None:
          "-CAcreateserial", "-days", "30", "-extfile", ext, "-out", tls / "tls.crt"], **q)
 
 
-# ---------------------------------------------------------------- servers
-
-
-def die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the driver dies, so no server outlives a killed run."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class Server:
-    name: str
-    argv: list[str]
-    port: int
-    paths: dict[str, str]  # payload kind ("node" / "pod") -> URL path
-    proc: subprocess.Popen | None = None
-    logfile: Path | None = None
-
-    def url_path(self, payload: str) -> str:
-        return self.paths["pod" if payload.startswith("pod") else "node"]
-
-    def start(self) -> None:
-        self.logfile = OUT / "logs" / f"{self.name}.log"
-        self.logfile.parent.mkdir(parents=True, exist_ok=True)
-        out = open(self.logfile, "wb")
-        argv = pinned(SERVER_CPU, self.argv)
-        log(f"starting {self.name}: {' '.join(argv)}")
-        self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=die_with_parent)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        # utime and stime are fields 14 and 15 of stat(5); fields[0] is field 3.
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def status_kib(self, key: str) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-        raise KeyError(key)
-
-
-def make_servers(bins: dict[str, Path], tls: Path, max_seconds: int) -> list[Server]:
-    policy = HERE / "policy.yaml"
-    return [
-        Server("kube-overcommit", [str(bins["kube-overcommit"]), "serve", "--listen", "127.0.0.1:18443", "--tls-dir", str(tls),
-                                   "--probe-listen", "127.0.0.1:18080", "--policy-file", str(policy)],
-               18443, {"node": "/mutate", "pod": "/mutate"}),
-        Server("go-webhook", [str(bins["go-webhook"]), "--host", "127.0.0.1", "--port", "18444", "--tls-dir", str(tls),
-                              "--policy-file", str(policy), "--max-seconds", str(max_seconds)],
-               18444, {"node": "/mutate--v1-node", "pod": "/mutate--v1-pod"}),
-        Server("floor", [str(bins["floor"]), "--listen", "127.0.0.1:18445", "--tls-dir", str(tls), "--max-seconds", str(max_seconds)],
-               18445, {"node": "/mutate", "pod": "/mutate"}),
-    ]
-
-
-def tls_context(tls: Path) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(tls / "ca.crt"))
-    ctx.set_alpn_protocols(["http/1.1"])
-    return ctx
-
-
-def post(conn: http.client.HTTPSConnection, path: str, body: bytes) -> tuple[int, bytes]:
-    conn.request("POST", path + "?timeout=10s", body=body, headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    return resp.status, resp.read()
-
-
-def wait_ready(server: Server, tls: Path, body: bytes, payload: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}; see {server.logfile}")
-        try:
-            conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=tls_context(tls), timeout=5)
-            status, _ = post(conn, server.url_path(payload), body)
-            conn.close()
-            if status == 200:
-                return
-            last = f"HTTP {status}"
-        except OSError as e:
-            last = e
-        time.sleep(0.2)
-    raise TimeoutError(f"{server.name} not answering on 127.0.0.1:{server.port}: {last}")
-
-
 # ---------------------------------------------------------------- payloads and equivalence
 
 
 def payload_files() -> dict[str, Path]:
-    generated = OUT / "payloads"
-    files = {}
-    for p in PAYLOADS:
-        for d in (generated, COMMITTED_PAYLOADS):
-            if (d / f"{p}.json").exists():
-                files[p] = d / f"{p}.json"
-                break
-    return files
+    return {p: path for p in PAYLOADS if (path := payload_path(p)) is not None}
 
 
 def ensure_payloads(regenerate: bool) -> dict[str, Path]:
@@ -278,12 +148,8 @@ def ensure_payloads(regenerate: bool) -> dict[str, Path]:
     return files
 
 
-def kcp() -> Path:
-    return ROOT / "tests" / "cluster" / "kcp.sh"
-
-
 def cluster_running() -> bool:
-    r = subprocess.run([kcp(), "kubectl", "get", "--raw", "/readyz"], capture_output=True, text=True)
+    r = subprocess.run([KCP, "kubectl", "get", "--raw", "/readyz"], capture_output=True, text=True)
     return r.returncode == 0
 
 
@@ -291,13 +157,13 @@ def with_cluster(fn):
     """Run fn with the local control plane up; bring it up (and down again after) if it was not."""
     started = False
     if not cluster_running():
-        run([kcp(), "up"])
+        run([KCP, "up"])
         started = True
     try:
         return fn()
     finally:
         if started:
-            run([kcp(), "down"])
+            run([KCP, "down"])
 
 
 def check_equivalence(servers: list[Server], files: dict[str, Path], tls: Path) -> dict:
@@ -636,7 +502,6 @@ def closed_loops(oha, servers: list[Server], payload: str, f: Path, tls: Path, q
 
 
 def bench_server_payload(oha, s: Server, payload: str, f: Path, tls: Path, quick: bool, closed: list[dict]) -> dict:
-    import report
     best = max(closed, key=lambda r: r["rps"])
     rates = []
     half = None
@@ -672,9 +537,8 @@ def cmd_run(args) -> int:
     files = ensure_payloads(args.regenerate)
     info = machine()
     info["oha"] = subprocess.run([oha, "--version"], capture_output=True, text=True).stdout.strip()
-    previous = OUT / "results.json"
     # --skip-apiserver keeps the API-server part of the previous run, marked as carried over.
-    kept = json.loads(previous.read_text()).get("apiserver") if args.skip_apiserver and previous.exists() else None
+    kept = read_results().get("apiserver") if args.skip_apiserver and RESULTS.exists() else None
     if kept:
         kept["carried_over"] = True
     results = {"machine": info, "payloads": {}, "servers": {}, "apiserver": kept}
@@ -695,7 +559,7 @@ def cmd_run(args) -> int:
             for s in servers:
                 results["servers"][s.name]["payloads"][payload] = bench_server_payload(
                     oha, s, payload, files[payload], tls, args.quick, closed[s.name])
-            (OUT / "results.json").write_text(json.dumps(results, indent=1))
+            write_results(results)
         measured = [s for s in servers if s.name in ("kube-overcommit", "floor")]
         if "node-55k" in files and perf_works() and len(measured) == 2:
             results["cycles"] = {"node-55k": cycles_per_request(oha, measured, "node-55k", files["node-55k"], tls)}
@@ -703,21 +567,19 @@ def cmd_run(args) -> int:
             res = results["servers"][s.name]
             res["rss_128_conns_kib"] = rss_with_connections(s, tls, "node-55k", files["node-55k"].read_bytes())
             res["peak_rss_kib"] = s.status_kib("VmHWM")
-        (OUT / "results.json").write_text(json.dumps(results, indent=1))
+        write_results(results)
     finally:
         for s in servers:
             s.stop()
     if not args.skip_apiserver:
-        import apiserver_bench
         results["apiserver"] = apiserver_bench.run(bins, tls, nodes=args.nodes, quick=args.quick,
                                                    update_s=apiserver_bench.update_frequency(args))
-    (OUT / "results.json").write_text(json.dumps(results, indent=1))
+    write_results(results)
     if perf_works():
         cmd_profile(argparse.Namespace(server="kube-overcommit", payload="node-55k", seconds=8, dwarf=False, no_build=True))
-        results = json.loads((OUT / "results.json").read_text())
+        results = read_results()
     else:
         log("perf cannot count instructions here (perf stat -e instructions true failed): no profile section")
-    import report
     report.write(results, ROOT / "BENCHMARKS.md")
     log("wrote BENCHMARKS.md")
     return 0
@@ -769,7 +631,7 @@ def cmd_profile(args) -> int:
                              "--percent-limit", "0.7", *(["-g", "caller,0.5,callee,function,percent"] if args.dwarf else [])], capture_output=True, text=True).stdout
     out = OUT / f"profile-{s.name}-{args.payload}.txt"
     out.write_text(report)
-    if not (args.dwarf or flamegraph) and s.name == "kube-overcommit" and (OUT / "results.json").exists():
+    if not (args.dwarf or flamegraph) and s.name == "kube-overcommit" and RESULTS.exists():
         import re
         top = []
         for line in report.splitlines():
@@ -777,9 +639,9 @@ def cmd_profile(args) -> int:
             if m:
                 sym = m.group(3).split("  ")[0].strip()
                 top.append((float(m.group(1)), ("[k] " if m.group(2) == "[k]" else "") + sym))
-        results = json.loads((OUT / "results.json").read_text())
+        results = read_results()
         results["profile"] = {"payload": args.payload, "rps": r["rps"], "top": top[:25]}
-        (OUT / "results.json").write_text(json.dumps(results, indent=1))
+        write_results(results)
     print(report)
     log(f"wrote {out}")
     return 0
@@ -787,18 +649,15 @@ def cmd_profile(args) -> int:
 
 def cmd_apiserver(args) -> int:
     """Only the API-server part; merged into bench/out/results.json, BENCHMARKS.md re-rendered."""
-    import apiserver_bench
-    import report
     bins = build(args.no_build)
     tls = OUT / "tls"
     make_certs(tls)
     ensure_payloads(False)
-    path = OUT / "results.json"
     # Without the server benchmarks of a `run`, there is no BENCHMARKS.md to re-render: print the part.
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = read_results() if RESULTS.exists() else {}
     results["apiserver"] = apiserver_bench.run(bins, tls, nodes=args.nodes, quick=args.quick,
                                                update_s=apiserver_bench.update_frequency(args))
-    path.write_text(json.dumps(results, indent=1))
+    write_results(results)
     if "servers" in results:
         report.write(results, ROOT / "BENCHMARKS.md")
     else:
@@ -807,8 +666,7 @@ def cmd_apiserver(args) -> int:
 
 
 def cmd_report(_args) -> int:
-    import report
-    report.write(json.loads((OUT / "results.json").read_text()), ROOT / "BENCHMARKS.md")
+    report.write(read_results(), ROOT / "BENCHMARKS.md")
     return 0
 
 

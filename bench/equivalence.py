@@ -12,25 +12,7 @@ import copy
 import json
 from fractions import Fraction
 
-_SUFFIX = {
-    "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
-    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-    "P": Fraction(10**15), "E": Fraction(10**18),
-    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50), "Ei": Fraction(2**60),
-}
-
-
-def quantity(text: str) -> Fraction:
-    """Parse a Kubernetes quantity into an exact number."""
-    s = str(text).strip()
-    for suffix in sorted(_SUFFIX, key=len, reverse=True):
-        if suffix and s.endswith(suffix):
-            return Fraction(s[: -len(suffix)]) * _SUFFIX[suffix]
-    if "e" in s.lower():
-        mant, _, exp = s.lower().partition("e")
-        return Fraction(mant) * Fraction(10) ** int(exp)
-    return Fraction(s)
+from common import quantity
 
 
 def _pointer(path: str) -> list[str]:

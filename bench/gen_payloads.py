@@ -27,19 +27,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from fractions import Fraction
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from equivalence import quantity  # noqa: E402
+from common import HERE, KCP, quantity, wait_for
 
 # The policy of bench/policy.yaml (kept in sync by hand; the equivalence check would catch drift
 # only in the servers' answers, so the generator asserts the file says the same).
-# The benchmark runs its own control plane in bench/out/kcp, apart from any other run dir.
-os.environ.setdefault("KCP_RUN_DIR", str(Path(__file__).resolve().parent / "out" / "kcp"))
 POLICY_NAME = "bench"
 NODE_RATIOS = {"cpu": "1.5", "memory": "1.2", "pods": "2"}
 
@@ -75,20 +70,6 @@ class Kcp:
                 return None
             raise RuntimeError(f"GET {path}: {r.stderr.strip()}")
         return json.loads(r.stdout)
-
-
-def wait_for(what: str, fn, timeout: float = 90.0, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last_err = None
-    while time.monotonic() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception as e:  # noqa: BLE001 - reported on timeout
-            last_err = e
-        time.sleep(interval)
-    raise TimeoutError(f"timed out waiting for {what}" + (f": {last_err}" if last_err else ""))
 
 
 def format_quantity(resource: str, value: Fraction) -> str:
@@ -256,7 +237,7 @@ def real_pod(kcp: Kcp) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--kcp", type=Path, default=HERE.parent / "tests" / "cluster" / "kcp.sh")
+    ap.add_argument("--kcp", type=Path, default=KCP)
     ap.add_argument("--only", default="", help="comma-separated subset of node-10k,node-55k,node-200k,pod-4k")
     args = ap.parse_args()
     policy_text = (HERE / "policy.yaml").read_text()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common import apiserver_markdown
+
 PRODUCT, GO, FLOOR = "kube-overcommit", "go-webhook", "floor"
 TARGET_PAYLOAD = "node-55k"
 
@@ -143,17 +145,17 @@ def profile_summary(r: dict) -> list[str]:
         return []
     top = {sym: pct for pct, sym in r["profile"]["top"]}
     json_pct = sum(v for k, v in top.items() if k.startswith(("serde_json", "<serde_json", "<serde_core", "serde_core")))
-    scan_pct = sum(v for k, v in top.items() if k.startswith(("kube_overcommit::admission::", "kube_overcommit::plain_json::",
-                                                              "kube_overcommit::str_map::")))
+    scan_pct = sum(v for k, v in top.items() if k.startswith(("kube_overcommit::admission::", "overcommit_json::",
+                                                              "<overcommit_json::")))
     alloc = sum(v for k, v in top.items() if k in ("malloc", "_int_free", "realloc", "_int_malloc", "__memmove_avx512_unaligned_erms"))
     aes = sum(v for k, v in top.items() if "aes_gcm" in k)
     p, f, g = cpu[PRODUCT], cpu[FLOOR], cpu[GO]
     return [
         f"Per 55 KB review kube-overcommit uses {p:.1f} µs of CPU, the floor {f:.1f} µs, go-webhook {g:.0f} µs (closed-loop CPU "
-        f"per request), {p - f:.1f} µs above the floor. Reading the review: the scanning reader (`kube_overcommit::admission::`, "
-        f"`plain_json` and `str_map` symbols: walking to the fields the rules read, stepping over the rest, reading plain strings "
+        f"per request), {p - f:.1f} µs above the floor. Reading the review: the scanning reader (`kube_overcommit::admission::` "
+        f"and `overcommit_json::` symbols: walking to the fields the rules read, stepping over the rest, reading plain strings "
         f"and string maps; a node status review is read only up to its quantity maps) is {scan_pct:.1f}% of kube-overcommit's samples (~{scan_pct / 100 * p:.1f} µs), "
-        f"serde_json (the fields `plain_json` leaves to it) {json_pct:.1f}% (~{json_pct / 100 * p:.1f} µs). AES-GCM decryption is {aes:.1f}% "
+        f"serde_json (the fields `overcommit_json::plain` leaves to it) {json_pct:.1f}% (~{json_pct / 100 * p:.1f} µs). AES-GCM decryption is {aes:.1f}% "
         f"(~{aes / 100 * p:.1f} µs, the same absolute cost as in the floor); allocation and copies (malloc, free, realloc, memmove) "
         f"{alloc:.1f}% (~{alloc / 100 * p:.1f} µs).",
         "",
@@ -260,8 +262,7 @@ def render(results: dict) -> str:
     if not api:
         L.append("Not measured in this run.\n")
     else:
-        import apiserver_bench  # rendered from the numbers, so wording fixes apply to old results too
-        L.extend(apiserver_bench.markdown(api))
+        L.extend(apiserver_markdown(api))  # rendered from the numbers, so wording fixes apply to old results too
         L.append("")
     prof = results.get("profile")
     if prof:
