@@ -122,8 +122,6 @@ fn json(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("not JSON: {e}"))
 }
 
-/// A small xorshift generator: reproducible cases without a dependency (also used by the
-/// scanner's tests).
 /// Members in or at which the reader may stop reading a node review (`read.rs`).
 const MAY_STOP_AT: &[&str] = &[
     "request",
