@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod borrowed;
 pub mod cli;
+pub mod duration;
 pub mod inflate;
 pub mod leader;
 pub mod metrics;

@@ -34,7 +34,6 @@
 
 pub mod certs;
 pub mod controller;
-pub mod duration;
 pub mod election;
 pub mod metrics;
 pub mod node_metrics;
@@ -60,10 +59,7 @@ use self::election::{Claim, ElectionSettings};
 use self::metrics::LeaderMetrics;
 use self::readiness::{ReadinessCheck, ServedCertificate};
 use self::webhook_config::WebhookSettings;
-
-fn duration_arg(text: &str) -> Result<Duration, String> {
-    duration::parse_duration(text).map_err(|e| e.to_string())
-}
+use crate::duration::duration_arg;
 
 fn timeout_arg(text: &str) -> Result<i32, String> {
     let n: i64 = text

@@ -24,31 +24,8 @@ use tokio_rustls::TlsAcceptor;
 
 use self::certs::CertResolver;
 use self::routes::App;
+use crate::duration::duration_arg;
 use crate::metrics::Metrics;
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime_like(s).ok_or_else(|| format!("invalid duration {s:?} (use e.g. 500ms, 10s, 2m)"))
-}
-
-/// Durations on the command line: an integer with one unit (ms, s, m, h).
-pub fn humantime_like(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
-        "h" => Some(Duration::from_secs(n.checked_mul(3600)?)),
-        _ => None,
-    }
-}
-
-/// Parse a duration flag (`500ms`, `10s`, `2m`, `1h`).
-pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    parse_duration(s)
-}
 
 /// Flags of the webhook port.
 #[derive(Debug, Clone, clap::Args)]
@@ -238,20 +215,4 @@ impl Server {
 pub async fn turned_true(rx: &mut watch::Receiver<bool>) {
     // The guard `wait_for` returns is not `Send`; drop it here, before any other await.
     let _ = rx.wait_for(|v| *v).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(humantime_like("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(humantime_like("10s"), Some(Duration::from_secs(10)));
-        assert_eq!(humantime_like("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(humantime_like("1h"), Some(Duration::from_secs(3600)));
-        assert_eq!(humantime_like("10"), None);
-        assert_eq!(humantime_like("s"), None);
-        assert_eq!(humantime_like("5d"), None);
-    }
 }

@@ -16,8 +16,9 @@ use tokio::sync::watch;
 
 use super::certs::{CertReloader, CertResolver};
 use super::routes::App;
-use super::{Server, ServerArgs, duration_arg, tls_config};
+use super::{Server, ServerArgs, tls_config};
 use crate::admission::Settings;
+use crate::duration::duration_arg;
 use crate::metrics::Metrics;
 use crate::probes::{self, ProbeArgs, Readiness};
 use crate::sources::{self, PolicyStore, SourceArgs, file::FileSource};
