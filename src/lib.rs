@@ -21,6 +21,7 @@ pub mod probes;
 pub mod quantity;
 pub mod review;
 pub mod server;
+pub mod shutdown;
 pub mod sources;
 pub mod str_map;
 pub mod watch;

@@ -12,6 +12,8 @@ use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::shutdown::Signal;
+
 /// The claim was lost, or could not be renewed in time.
 #[derive(Debug, thiserror::Error)]
 #[error("not the leader (lease lost or not renewed before its deadline)")]
@@ -69,7 +71,7 @@ pub struct ElectionSettings {
 pub fn spawn(
     client: kube::Client,
     s: ElectionSettings,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Signal,
     on_change: impl Fn(bool) + Send + 'static,
 ) -> (Claim, tokio::task::JoinHandle<()>) {
     let state = Arc::new(Mutex::new(ClaimState { valid_until: None }));
@@ -134,16 +136,16 @@ pub fn spawn(
                 Some(t) if t < next => t,
                 _ => next,
             };
-            let mut closing = *shutdown.borrow();
+            let mut closing = shutdown.is_stopped();
             tokio::select! {
                 _ = tokio::time::sleep_until(wake) => {}
-                changed = shutdown.changed() => closing |= changed.is_err(),
+                _ = shutdown.stopped() => closing = true,
             }
             if valid_until.is_some_and(|t| Instant::now() >= t) {
                 valid_until = None;
                 set(None);
             }
-            if closing || *shutdown.borrow() {
+            if closing || shutdown.is_stopped() {
                 if valid_until.is_some() {
                     set(None);
                     if let Err(e) = lock.step_down().await {

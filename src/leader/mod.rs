@@ -60,6 +60,7 @@ use self::metrics::LeaderMetrics;
 use self::readiness::{ReadinessCheck, ServedCertificate};
 use self::webhook_config::WebhookSettings;
 use crate::duration::duration_arg;
+use crate::shutdown::Signal;
 
 fn timeout_arg(text: &str) -> Result<i32, String> {
     let n: i64 = text
@@ -212,14 +213,14 @@ impl Running {
 }
 
 /// Start the replica report, the caBundle watch and (when enabled) the election with the
-/// leader loop. Everything stops when `shutdown` turns true.
+/// leader loop. Everything ends when `shutdown` says stop.
 pub fn start(
     client: Client,
     args: &LeaderArgs,
     election: bool,
     served: Arc<dyn ServedCertificate>,
     metrics: LeaderMetrics,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Signal,
 ) -> Result<Running, LeaderError> {
     args.validate()?;
     let identity = args.identity()?;
@@ -227,14 +228,12 @@ pub fn start(
 
     let (bundle_tx, bundle_rx) = watch::channel(None);
     let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    tasks.push(abort_on_shutdown(
-        tokio::spawn(readiness::watch_ca_bundle(
-            configs,
-            args.webhook_config_name.clone(),
-            bundle_tx,
-        )),
+    tasks.push(tokio::spawn(readiness::watch_ca_bundle(
+        configs,
+        args.webhook_config_name.clone(),
+        bundle_tx,
         shutdown.clone(),
-    ));
+    )));
     let readiness = ReadinessCheck::new(bundle_rx, served, args.server_name());
 
     tasks.push(tokio::spawn(report_loop(
@@ -298,26 +297,19 @@ pub fn start(
     })
 }
 
-fn abort_on_shutdown(task: JoinHandle<()>, mut shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let _ = shutdown.wait_for(|s| *s).await;
-        task.abort();
-    })
-}
-
 /// Run the leader loop while leading; abort it the moment leadership is lost.
 async fn supervise(
     client: Client,
     settings: ControllerSettings,
     claim: Claim,
     metrics: LeaderMetrics,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Signal,
 ) {
     let mut leading = claim.subscribe();
     loop {
         tokio::select! {
             r = leading.wait_for(|l| *l) => if r.is_err() { return },
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.stopped() => return,
         }
         tracing::info!("leading: starting the certificate authority and configuration upkeep");
         let controller = Controller::new(
@@ -332,7 +324,7 @@ async fn supervise(
         let mut stopping = false;
         tokio::select! {
             _ = leading.wait_for(|l| !*l) => {}
-            _ = shutdown.wait_for(|s| *s) => stopping = true,
+            _ = shutdown.stopped() => stopping = true,
             _ = &mut task => ended_by_itself = true,
         }
         task.abort();
@@ -351,7 +343,6 @@ async fn supervise(
     }
 }
 
-/// Renew this replica's report Lease; delete it on shutdown.
 /// Where and how often a replica reports.
 struct ReportSettings {
     lease_name: String,
@@ -360,61 +351,73 @@ struct ReportSettings {
     renew: Duration,
 }
 
+/// Renew this replica's report Lease; delete it on shutdown.
 async fn report_loop(
     metrics: LeaderMetrics,
     api: Api<Lease>,
     settings: ReportSettings,
     readiness: ReadinessCheck,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Signal,
 ) {
-    let ReportSettings {
-        lease_name,
-        identity,
-        ttl,
-        renew,
-    } = settings;
-    let name = replicas::replica_lease_name(&lease_name, &identity);
+    let name = replicas::replica_lease_name(&settings.lease_name, &settings.identity);
     let mut last = None;
     loop {
         let report = readiness.report();
-        let now = jiff::Timestamp::now();
-        let (leaf_end, ca_end) = readiness.expiry();
-        let secs = |t: Option<jiff::Timestamp>| {
-            t.map_or(0.0, |t| (t.as_second() - now.as_second()) as f64)
-        };
-        metrics.leaf_expiry_seconds.set(secs(leaf_end));
-        metrics.ca_expiry_seconds.set(secs(ca_end));
+        set_expiry_metrics(&metrics, &readiness);
         if last.as_ref() != Some(&report) {
             tracing::info!(ready = report.ready, leaf = ?report.leaf, issuer = ?report.issuer, "replica report");
         }
-        let lease =
-            replicas::report_lease(&lease_name, &identity, ttl, jiff::Timestamp::now(), &report);
-        match tokio::time::timeout(renew, replicas::write_report(&api, &lease)).await {
+        let lease = replicas::report_lease(
+            &settings.lease_name,
+            &settings.identity,
+            settings.ttl,
+            jiff::Timestamp::now(),
+            &report,
+        );
+        match tokio::time::timeout(settings.renew, replicas::write_report(&api, &lease)).await {
             Ok(Ok(())) => last = Some(report),
             Ok(Err(e)) => tracing::warn!(error = %e, "could not renew the replica report"),
             Err(_) => tracing::warn!("replica report renewal timed out"),
         }
-        // Report again soon after a change of what is served, else every renew period.
-        let deadline = tokio::time::Instant::now() + renew;
-        let mut stopping = false;
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                    if last.as_ref() != Some(&readiness.report()) { break }
-                }
-                r = shutdown.wait_for(|s| *s) => {
-                    drop(r);
-                    stopping = true;
-                }
-            }
-            if stopping {
-                break;
-            }
-        }
-        if stopping {
+        if next_report_due(&readiness, last.as_ref(), settings.renew, &shutdown).await
+            == ReportDue::Stopping
+        {
             replicas::delete_report(&api, &name).await;
             return;
+        }
+    }
+}
+
+fn set_expiry_metrics(metrics: &LeaderMetrics, readiness: &ReadinessCheck) {
+    let now = jiff::Timestamp::now();
+    let (leaf_end, ca_end) = readiness.expiry();
+    let secs =
+        |t: Option<jiff::Timestamp>| t.map_or(0.0, |t| (t.as_second() - now.as_second()) as f64);
+    metrics.leaf_expiry_seconds.set(secs(leaf_end));
+    metrics.ca_expiry_seconds.set(secs(ca_end));
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum ReportDue {
+    Now,
+    Stopping,
+}
+
+/// Report again soon after a change of what is served, else every renew period.
+async fn next_report_due(
+    readiness: &ReadinessCheck,
+    last: Option<&replicas::SelfReport>,
+    renew: Duration,
+    shutdown: &Signal,
+) -> ReportDue {
+    let deadline = tokio::time::Instant::now() + renew;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return ReportDue::Now,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                if last != Some(&readiness.report()) { return ReportDue::Now }
+            }
+            _ = shutdown.stopped() => return ReportDue::Stopping,
         }
     }
 }
@@ -442,7 +445,14 @@ pub async fn start_in_serve(
     let mut args = args.clone();
     args.namespace = context.namespace.clone();
     let metrics = context.metrics.with_registry(LeaderMetrics::new);
-    let running = start(client, &args, true, served, metrics, context.stop.clone())?;
+    let running = start(
+        client,
+        &args,
+        true,
+        served,
+        metrics,
+        context.shutdown.clone(),
+    )?;
     let check = running.readiness.clone();
     context
         .readiness

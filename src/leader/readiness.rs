@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use super::certs::{CertInfo, parse_pem_bundle, verify_leaf};
 use super::replicas::SelfReport;
 use super::webhook_config::live_ca_bundle;
+use crate::shutdown::Signal;
 
 /// Where the leaf this replica serves comes from.
 pub trait ServedCertificate: Send + Sync {
@@ -135,14 +136,21 @@ pub fn evaluate(
 
 /// Keep `tx` updated with the caBundle of the named configuration. A deleted configuration
 /// keeps the last bundle: nothing calls the webhook without one, and the leader recreates it.
+/// Ends when `shutdown` says stop.
 pub async fn watch_ca_bundle(
     api: Api<MutatingWebhookConfiguration>,
     name: String,
     tx: watch::Sender<Option<Arc<Vec<CertInfo>>>>,
+    shutdown: Signal,
 ) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher(api, config).default_backoff().boxed();
-    while let Some(event) = events.next().await {
+    loop {
+        let event = tokio::select! {
+            e = events.next() => e,
+            _ = shutdown.stopped() => return,
+        };
+        let Some(event) = event else { return };
         match event {
             Ok(watcher::Event::Apply(cfg)) | Ok(watcher::Event::InitApply(cfg)) => {
                 let bundle = live_ca_bundle(&cfg)

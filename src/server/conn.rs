@@ -14,11 +14,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use super::routes::App;
 use crate::metrics::Metrics;
+use crate::shutdown::Signal;
 
 pub(super) struct Connection {
     pub acceptor: TlsAcceptor,
@@ -29,7 +29,7 @@ pub(super) struct Connection {
     pub handshake_timeout: Duration,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
-    pub drain: watch::Receiver<bool>,
+    pub shutdown: Signal,
 }
 
 /// What the connection is doing, shared by the I/O wrapper, the service and the watchdogs.
@@ -68,7 +68,7 @@ impl Drop for OpenGauge {
 }
 
 impl Connection {
-    pub async fn serve(mut self, tcp: TcpStream, peer: SocketAddr) {
+    pub async fn serve(self, tcp: TcpStream, peer: SocketAddr) {
         let _ = tcp.set_nodelay(true);
         self.metrics.open_connections.inc();
         let _open = OpenGauge(self.metrics.clone());
@@ -128,7 +128,7 @@ impl Connection {
                     }
                     return;
                 }
-                _ = super::turned_true(&mut self.drain), if !closing => {
+                _ = self.shutdown.drained(), if !closing => {
                     closing = true;
                     conn.as_mut().graceful_shutdown();
                 }

@@ -19,13 +19,14 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 
 use self::certs::CertResolver;
 use self::routes::App;
 use crate::duration::duration_arg;
 use crate::metrics::Metrics;
+use crate::shutdown::Signal;
 
 /// Flags of the webhook port.
 #[derive(Debug, Clone, clap::Args)]
@@ -159,10 +160,10 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Accept until `drain` turns true, then let every connection finish its requests in
+    /// Accept until `shutdown` says drain, then let every connection finish its requests in
     /// flight and close (HTTP/1.1: `Connection: close` after the current response; HTTP/2:
     /// GOAWAY). Returns when the last connection is gone.
-    pub async fn run(self, mut drain: watch::Receiver<bool>) {
+    pub async fn run(self, shutdown: Signal) {
         let limit = Arc::new(Semaphore::new(self.args.max_connections.max(1)));
         // Each connection task holds a sender; when all are dropped, the drain is complete.
         let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
@@ -172,7 +173,7 @@ impl Server {
                     Ok(p) => p,
                     Err(_) => break,
                 },
-                _ = crate::server::turned_true(&mut drain) => break,
+                _ = shutdown.drained() => break,
             };
             let (tcp, peer) = tokio::select! {
                 r = self.listener.accept() => match r {
@@ -184,7 +185,7 @@ impl Server {
                         continue;
                     }
                 },
-                _ = crate::server::turned_true(&mut drain) => break,
+                _ = shutdown.drained() => break,
             };
             let conn = conn::Connection {
                 acceptor: self.acceptor.clone(),
@@ -195,7 +196,7 @@ impl Server {
                 handshake_timeout: self.args.tls_handshake_timeout,
                 header_read_timeout: self.args.header_read_timeout,
                 idle_timeout: self.args.idle_timeout,
-                drain: drain.clone(),
+                shutdown: shutdown.clone(),
             };
             let alive = alive_tx.clone();
             tokio::spawn(async move {
@@ -209,10 +210,4 @@ impl Server {
         let _ = alive_rx.recv().await;
         tracing::info!("all webhook connections closed");
     }
-}
-
-/// Resolves when a stop/drain signal turns true (or its sender is gone).
-pub async fn turned_true(rx: &mut watch::Receiver<bool>) {
-    // The guard `wait_for` returns is not `Send`; drop it here, before any other await.
-    let _ = rx.wait_for(|v| *v).await;
 }

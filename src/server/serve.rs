@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
 
 use super::certs::{CertReloader, CertResolver};
 use super::routes::App;
@@ -21,6 +20,7 @@ use crate::admission::Settings;
 use crate::duration::duration_arg;
 use crate::metrics::Metrics;
 use crate::probes::{self, ProbeArgs, Readiness};
+use crate::shutdown::{self, Signal};
 use crate::sources::{self, PolicyStore, SourceArgs, file::FileSource};
 
 /// Flags of `serve`.
@@ -96,8 +96,8 @@ async fn process_gone(pid: Option<u32>) {
 pub struct Context {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
-    /// Turns true when background tasks must stop (after the webhook port drained).
-    pub stop: watch::Receiver<bool>,
+    /// Stops background tasks (after the webhook port drained).
+    pub shutdown: Signal,
     pub namespace: String,
 }
 
@@ -108,8 +108,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let not_shutting_down = readiness.condition("not-shutting-down", true);
     let cert_ready = readiness.condition("certificate", false);
     let policies_synced = readiness.condition("policies", false);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (drain_tx, drain_rx) = watch::channel(false);
+    let (trigger, stopping) = shutdown::channel();
     let namespace = own_namespace(args.namespace.as_deref());
 
     // Certificate: read once now so that a mounted pair serves from the first connection.
@@ -137,7 +136,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let mut file = FileSource::new(path.clone(), store.clone());
             file.reload();
             let interval = args.source.policy_reload_interval;
-            let stop = stop_rx.clone();
+            let stop = stopping.clone();
             let watch_files = !args.no_file_watch;
             tokio::spawn(async move { file.run(interval, watch_files, stop).await })
         }
@@ -146,7 +145,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .await
                 .map_err(sources::SourceError::from)
                 .context("no --policy-file, so watching OvercommitPolicy needs a cluster")?;
-            let stop = stop_rx.clone();
+            let stop = stopping.clone();
             let store = store.clone();
             tokio::spawn(async move { sources::crd::run(client, store, stop).await })
         }
@@ -174,7 +173,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         &args.probes,
         readiness.clone(),
         metrics.clone(),
-        stop_rx.clone(),
+        stopping.clone(),
     )
     .await?;
     tracing::info!(
@@ -188,16 +187,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let reloader_task = tokio::spawn(reloader.run(
         args.server.cert_reload_interval,
         !args.no_file_watch,
-        stop_rx.clone(),
+        stopping.clone(),
     ));
     let probe_task = tokio::spawn(probe_serve);
-    let mut server_task = tokio::spawn(server.run(drain_rx));
+    let mut server_task = tokio::spawn(server.run(stopping.clone()));
 
     // Other parts (the leader, issue 4) start here with a `Context`.
     let context = Context {
         metrics: metrics.clone(),
         readiness: readiness.clone(),
-        stop: stop_rx.clone(),
+        shutdown: stopping.clone(),
         namespace,
     };
     let leader = crate::leader::start_in_serve(&args.leader, &context, resolver.clone()).await?;
@@ -227,7 +226,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
     let grace_left = |started: Instant| args.shutdown_grace.saturating_sub(started.elapsed());
     tokio::time::sleep(args.shutdown_delay.min(grace_left(started))).await;
-    let _ = drain_tx.send(true);
+    trigger.drain();
     // Keep a margin for stopping the rest within the grace period.
     let drain_budget = grace_left(started).saturating_sub(Duration::from_millis(200));
     match tokio::time::timeout(drain_budget, &mut server_task).await {
@@ -237,7 +236,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             server_task.abort();
         }
     }
-    let _ = stop_tx.send(true);
+    trigger.stop();
     let rest = async {
         let _ = reloader_task.await;
         let _ = source_task.await;
