@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::server::serve::{self, ServeArgs};
+use crate::app::{self, ServeArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -77,7 +77,7 @@ pub fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            let res = rt.block_on(serve::run(*args));
+            let res = rt.block_on(app::run(*args));
             // Tasks still running (file watchers, aborted connections) get a moment, no more.
             rt.shutdown_timeout(Duration::from_millis(100));
             res

@@ -3,10 +3,13 @@
 //!
 //! pure (no tokio, no kube client, no I/O): `policy`, `quantity`, `inflate`, `pods`, `patch`, `admission`,
 //! `str_map`, `borrowed` and `plain_json` (string maps read from a review)
-//! I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`
+//! I/O at the edges: `app` (the composition root of `serve`), `server` (TLS transport),
+//! `webhook` (the /mutate handler), `probes`, `sources`, `leader`, `watch`, `metrics`,
+//! `shutdown` (the one stop/drain signal), `duration` (the one flag grammar), `cli`, `review`
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod app;
 pub mod borrowed;
 pub mod cli;
 pub mod duration;
@@ -25,3 +28,4 @@ pub mod shutdown;
 pub mod sources;
 pub mod str_map;
 pub mod watch;
+pub mod webhook;

@@ -1,10 +1,11 @@
-//! One HTTP request on the webhook port: `POST /mutate` -> `admission::handle`.
+//! The webhook's request handler, served by `server`: `POST /mutate` -> `admission`.
 //!
 //! The hot path: match the path and method, check the content type and length, collect the
-//! body into one buffer sized from `Content-Length`, take a lock-free snapshot of the policies,
-//! call `handle` inline, count, answer. Every refusal is a short text message.
+//! body into one buffer sized from `Content-Length` (within the API server's own `timeout`),
+//! take a lock-free snapshot of the policies, call `admission` inline, count, log, answer.
+//! Every refusal is a short text message. `admission` is the one panic guard: it fails open
+//! and never panics, so nothing here catches panics.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,8 +16,11 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
+use crate::metrics::{Metrics, RejectLabels};
+use crate::policy::PolicySet;
+use crate::server::Handler;
 
-/// What the server needs from `admission::Handled`, plus why it failed open or was refused.
+/// What the handler needs from `admission::Handled`, plus why it failed open or was refused.
 struct Answer {
     status: u16,
     body: Vec<u8>,
@@ -47,9 +51,6 @@ impl From<(Handled, Option<String>)> for Answer {
         }
     }
 }
-use crate::metrics::{Metrics, RejectLabels};
-use crate::policy::PolicySet;
-
 /// The one path the webhook configuration points at.
 pub const MUTATE_PATH: &str = "/mutate";
 
@@ -60,7 +61,7 @@ const INLINE_BODY_LIMIT: usize = 1024 * 1024;
 const DEFAULT_BODY_CAPACITY: usize = 64 * 1024;
 
 /// Everything a request needs; shared by all connections.
-pub struct App {
+pub struct Webhook {
     pub policies: Arc<ArcSwap<PolicySet>>,
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
@@ -76,8 +77,14 @@ enum BodyError {
     TimedOut,
 }
 
-impl App {
-    pub async fn route(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+impl Handler for Webhook {
+    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        self.route(req).await
+    }
+}
+
+impl Webhook {
+    async fn route(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
         let start = Instant::now();
         if req.uri().path() != MUTATE_PATH {
             return self.reject(
@@ -150,23 +157,18 @@ impl App {
 
     fn review(&self, body: &[u8]) -> Answer {
         let policies = self.policies.load();
+        // The one call into admission.
         let run = || {
-            std::panic::catch_unwind(AssertUnwindSafe(|| {
-                admission::handle_with_reason(body, &policies, &self.settings)
-            }))
+            Answer::from(admission::handle_with_reason(
+                body,
+                &policies,
+                &self.settings,
+            ))
         };
-        let result = if body.len() > INLINE_BODY_LIMIT {
+        if body.len() > INLINE_BODY_LIMIT {
             tokio::task::block_in_place(run)
         } else {
             run()
-        };
-        match result {
-            Ok(h) => h.into(),
-            // A bug must not block heartbeats (design.md 3.1): answer allowed, no patch.
-            Err(_) => {
-                tracing::error!("admission handler panicked; answering allowed without a patch");
-                fail_open(body)
-            }
         }
     }
 
@@ -198,37 +200,6 @@ impl App {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
-    }
-}
-
-/// Minimal AdmissionReview answer when the handler itself failed: allowed, no patch.
-fn fail_open(body: &[u8]) -> Answer {
-    #[derive(serde::Deserialize)]
-    struct Review {
-        request: Option<Req>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Req {
-        uid: String,
-        #[serde(default)]
-        operation: String,
-    }
-    let req = serde_json::from_slice::<Review>(body)
-        .ok()
-        .and_then(|r| r.request);
-    let (uid, operation) = req.map_or((String::new(), String::new()), |r| (r.uid, r.operation));
-    let out = serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": { "uid": uid, "allowed": true },
-    });
-    Answer {
-        status: 200,
-        body: serde_json::to_vec(&out).unwrap_or_default(),
-        resource: ReviewResource::Other,
-        operation,
-        outcome: Outcome::FailedOpen,
-        reason: Some("admission handler panicked".to_owned()),
     }
 }
 
@@ -357,16 +328,5 @@ mod tests {
             Some(Duration::from_secs(5))
         );
         assert_eq!(query_timeout("a=b"), None);
-    }
-
-    #[test]
-    fn fail_open_keeps_uid() {
-        let h = fail_open(br#"{"request":{"uid":"abc","operation":"UPDATE"}}"#);
-        let v: serde_json::Value = serde_json::from_slice(&h.body).expect("json");
-        assert_eq!(v["response"]["uid"], "abc");
-        assert_eq!(v["response"]["allowed"], true);
-        assert_eq!(h.outcome, Outcome::FailedOpen);
-        let h = fail_open(b"not json");
-        assert_eq!(h.status, 200);
     }
 }

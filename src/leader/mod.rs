@@ -60,6 +60,7 @@ use self::metrics::LeaderMetrics;
 use self::readiness::{ReadinessCheck, ServedCertificate};
 use self::webhook_config::WebhookSettings;
 use crate::duration::duration_arg;
+use crate::metrics::Metrics;
 use crate::shutdown::Signal;
 
 fn timeout_arg(text: &str) -> Result<i32, String> {
@@ -151,6 +152,8 @@ pub enum LeaderError {
     Validity,
     #[error("no identity: set --identity or POD_NAME (the hostname could not be read)")]
     NoIdentity,
+    #[error("--leader-election needs a cluster: {0}")]
+    NoCluster(kube::Error),
 }
 
 impl LeaderArgs {
@@ -422,14 +425,25 @@ async fn next_report_due(
     }
 }
 
+/// What the leader part takes from `serve`.
+#[derive(Clone)]
+pub struct ServeContext {
+    /// The shared registry; the leader's metrics are added to it.
+    pub metrics: Arc<Metrics>,
+    /// The webhook's own namespace: that of its Service, Secrets and Leases.
+    pub namespace: String,
+    pub shutdown: Signal,
+    /// The leaf this replica serves, for the readiness gate and the replica report.
+    pub served: Arc<dyn ServedCertificate>,
+}
+
 /// Start the leader part inside `serve`: the namespace comes from `serve`, metrics go to the
-/// shared registry, readiness gets the `certificate-trusted` condition. Off (None) when
+/// shared registry. The caller adds `Running::readiness` to /readyz. Off (None) when
 /// --leader-election=false, or when it is not set and no kube config is available.
 pub async fn start_in_serve(
     args: &LeaderArgs,
-    context: &crate::server::serve::Context,
-    served: Arc<crate::server::certs::CertResolver>,
-) -> anyhow::Result<Option<Running>> {
+    context: ServeContext,
+) -> Result<Option<Running>, LeaderError> {
     if args.leader_election == Some(false) {
         tracing::info!("leader election off (--leader-election=false)");
         return Ok(None);
@@ -440,22 +454,18 @@ pub async fn start_in_serve(
             tracing::info!(error = %e, "no kube config: leader election and certificate management off");
             return Ok(None);
         }
-        Err(e) => anyhow::bail!("--leader-election needs a cluster: {e}"),
+        Err(e) => return Err(LeaderError::NoCluster(e)),
     };
     let mut args = args.clone();
-    args.namespace = context.namespace.clone();
+    args.namespace = context.namespace;
     let metrics = context.metrics.with_registry(LeaderMetrics::new);
-    let running = start(
+    start(
         client,
         &args,
         true,
-        served,
+        context.served,
         metrics,
-        context.shutdown.clone(),
-    )?;
-    let check = running.readiness.clone();
-    context
-        .readiness
-        .add_check("certificate-trusted", move || check.is_ready());
-    Ok(Some(running))
+        context.shutdown,
+    )
+    .map(Some)
 }

@@ -18,7 +18,8 @@ use super::replicas::SelfReport;
 use super::webhook_config::live_ca_bundle;
 use crate::shutdown::Signal;
 
-/// Where the leaf this replica serves comes from.
+/// Where the leaf this replica serves comes from (`app` implements it for the server's
+/// certificate resolver).
 pub trait ServedCertificate: Send + Sync {
     /// DER of the leaf certificate currently served (None: nothing served yet).
     fn leaf_der(&self) -> Option<Vec<u8>>;
@@ -161,12 +162,6 @@ pub async fn watch_ca_bundle(
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "webhook configuration watch"),
         }
-    }
-}
-
-impl ServedCertificate for crate::server::certs::CertResolver {
-    fn leaf_der(&self) -> Option<Vec<u8>> {
-        crate::server::certs::CertResolver::leaf_der(self)
     }
 }
 

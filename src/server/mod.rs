@@ -1,21 +1,22 @@
-//! The webhook's TLS listener: rustls (TLS 1.2 and 1.3, ALPN h2 and http/1.1) in front of
+//! The webhook's TLS transport: rustls (TLS 1.2 and 1.3, ALPN h2 and http/1.1) in front of
 //! hyper (HTTP/1.1 keep-alive and HTTP/2), connection limits and timeouts, graceful drain.
+//! Generic over the request [`Handler`]: the transport knows nothing of what it serves.
 //!
 //! - `certs`: certificate resolver over an `ArcSwap`, reloaded from the TLS directory.
 //! - `conn`: one connection: handshake, protocol by ALPN, header and idle timeouts, drain.
-//! - `routes`: the request handler (`POST /mutate`).
-//! - `serve`: the `serve` command, which starts everything and shuts it down in order.
 
 pub mod certs;
 mod conn;
-pub mod routes;
-pub mod serve;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
@@ -23,10 +24,15 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 
 use self::certs::CertResolver;
-use self::routes::App;
 use crate::duration::duration_arg;
 use crate::metrics::Metrics;
 use crate::shutdown::Signal;
+
+/// What the server calls for every request; shared by all connections. It answers every
+/// request (refusals included) itself: the transport only carries requests and responses.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, req: Request<Incoming>) -> impl Future<Output = Response<Full<Bytes>>> + Send;
+}
 
 /// Flags of the webhook port.
 #[derive(Debug, Clone, clap::Args)]
@@ -108,21 +114,21 @@ pub fn tls_config(
 }
 
 /// A bound webhook listener, ready to serve.
-pub struct Server {
+pub struct Server<H> {
     listener: TcpListener,
     acceptor: TlsAcceptor,
-    app: Arc<App>,
+    handler: Arc<H>,
     http1: Arc<auto::Builder<TokioExecutor>>,
     http2: Arc<auto::Builder<TokioExecutor>>,
     args: ServerArgs,
     metrics: Arc<Metrics>,
 }
 
-impl Server {
+impl<H: Handler> Server<H> {
     pub async fn bind(
         args: &ServerArgs,
         tls: rustls::ServerConfig,
-        app: Arc<App>,
+        handler: Arc<H>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServerError> {
         let listener =
@@ -148,7 +154,7 @@ impl Server {
         Ok(Self {
             listener,
             acceptor: TlsAcceptor::from(Arc::new(tls)),
-            app,
+            handler,
             http1: Arc::new(http.clone().http1_only()),
             http2: Arc::new(http.http2_only()),
             args: args.clone(),
@@ -189,7 +195,7 @@ impl Server {
             };
             let conn = conn::Connection {
                 acceptor: self.acceptor.clone(),
-                app: self.app.clone(),
+                handler: self.handler.clone(),
                 http1: self.http1.clone(),
                 http2: self.http2.clone(),
                 metrics: self.metrics.clone(),
