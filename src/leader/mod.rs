@@ -187,6 +187,21 @@ impl LeaderArgs {
         format!("{}.{}.svc", self.service_name, self.namespace)
     }
 
+    fn controller(&self) -> ControllerSettings {
+        ControllerSettings {
+            namespace: self.namespace.clone(),
+            service_name: self.service_name.clone(),
+            ca_secret: self.ca_secret.clone(),
+            serving_secret: self.serving_secret.clone(),
+            lease_name: self.lease_name.clone(),
+            ca_validity: self.ca_validity,
+            leaf_validity: self.leaf_validity,
+            check_interval: self.check_interval,
+            propagation_delay: self.propagation_delay,
+            webhook: self.webhook(),
+        }
+    }
+
     fn webhook(&self) -> WebhookSettings {
         WebhookSettings {
             config_name: self.webhook_config_name.clone(),
@@ -253,41 +268,9 @@ pub fn start(
     )));
 
     let claim = if election {
-        let gauge = metrics.leader.clone();
-        let (claim, task) = election::spawn(
-            client.clone(),
-            ElectionSettings {
-                namespace: args.namespace.clone(),
-                lease_name: args.lease_name.clone(),
-                identity: identity.clone(),
-                ttl: args.lease_ttl,
-                renew: args.lease_renew,
-            },
-            shutdown.clone(),
-            move |leading| {
-                gauge.set(i64::from(leading));
-            },
-        );
-        tasks.push(task);
-        let settings = ControllerSettings {
-            namespace: args.namespace.clone(),
-            service_name: args.service_name.clone(),
-            ca_secret: args.ca_secret.clone(),
-            serving_secret: args.serving_secret.clone(),
-            lease_name: args.lease_name.clone(),
-            ca_validity: args.ca_validity,
-            leaf_validity: args.leaf_validity,
-            check_interval: args.check_interval,
-            propagation_delay: args.propagation_delay,
-            webhook: args.webhook(),
-        };
-        tasks.push(tokio::spawn(supervise(
-            client,
-            settings,
-            claim.clone(),
-            metrics,
-            shutdown,
-        )));
+        let (claim, election_task, leader_task) =
+            start_election(client, args, &identity, metrics, shutdown);
+        tasks.extend([election_task, leader_task]);
         claim
     } else {
         Claim::never()
@@ -298,6 +281,39 @@ pub fn start(
         claim,
         tasks,
     })
+}
+
+/// The election and the supervisor of the leader loop: (claim, election task, supervisor).
+fn start_election(
+    client: Client,
+    args: &LeaderArgs,
+    identity: &str,
+    metrics: LeaderMetrics,
+    shutdown: Signal,
+) -> (Claim, JoinHandle<()>, JoinHandle<()>) {
+    let gauge = metrics.leader.clone();
+    let (claim, election_task) = election::spawn(
+        client.clone(),
+        ElectionSettings {
+            namespace: args.namespace.clone(),
+            lease_name: args.lease_name.clone(),
+            identity: identity.to_owned(),
+            ttl: args.lease_ttl,
+            renew: args.lease_renew,
+        },
+        shutdown.clone(),
+        move |leading| {
+            gauge.set(i64::from(leading));
+        },
+    );
+    let leader_task = tokio::spawn(supervise(
+        client,
+        args.controller(),
+        claim.clone(),
+        metrics,
+        shutdown,
+    ));
+    (claim, election_task, leader_task)
 }
 
 /// Run the leader loop while leading; abort it the moment leadership is lost.
