@@ -3,9 +3,7 @@
 //!
 //! pure (no tokio, no kube client, no I/O): `policy`, `quantity`, `inflate`, `pods`, `patch`, `admission`,
 //! `str_map`, `borrowed` and `plain_json` (string maps read from a review)
-//! I/O at the edges: `app` (the composition root of `serve`), `server` (TLS transport),
-//! `webhook` (the /mutate handler), `probes`, `sources`, `leader`, `watch`, `metrics`,
-//! `shutdown` (the one stop/drain signal), `duration` (the one flag grammar), `cli`, `review`
+//! I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`
 #![forbid(unsafe_code)]
 
 pub mod admission;
