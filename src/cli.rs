@@ -1,12 +1,13 @@
-//! Command line: `serve` (and `review`, `crd`, `rotate` from the other parts). Every flag
-//! also reads an environment variable `KUBE_OVERCOMMIT_<FLAG>`.
+//! Command line: `serve`, `review`, `crd`, `rotate`. Every flag also reads an environment
+//! variable `KUBE_OVERCOMMIT_<FLAG>`; every duration flag takes the one grammar of
+//! `crate::duration`.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::server::serve::{self, ServeArgs};
+use crate::app::{self, ServeArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -76,7 +77,7 @@ pub fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            let res = rt.block_on(serve::run(*args));
+            let res = rt.block_on(app::run(*args));
             // Tasks still running (file watchers, aborted connections) get a moment, no more.
             rt.shutdown_timeout(Duration::from_millis(100));
             res
@@ -89,6 +90,92 @@ pub fn main() -> anyhow::Result<()> {
                 .build()
                 .context("starting the async runtime")?;
             rt.block_on(crate::leader::rotate::run(args))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::any::TypeId;
+    use std::time::Duration;
+
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every flag of every subcommand whose value is a `Duration`, as (subcommand, long name).
+    fn duration_flags() -> Vec<(String, String)> {
+        let cli = Cli::command();
+        let mut out = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                if arg.get_value_parser().type_id() == TypeId::of::<Duration>() {
+                    let long = arg.get_long().expect("duration flags are long flags");
+                    out.push((sub.get_name().to_owned(), long.to_owned()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_duration_flag_takes_the_one_grammar() {
+        let flags = duration_flags();
+        // The enumeration is not vacuous: these are among them.
+        for known in [
+            "idle-timeout",
+            "lease-ttl",
+            "ca-validity",
+            "shutdown-grace",
+            "policy-reload-interval",
+            "wait",
+        ] {
+            assert!(flags.iter().any(|(_, f)| f == known), "{known}: {flags:?}");
+        }
+        let cases = [
+            ("120", Duration::from_secs(120)),
+            ("500ms", Duration::from_millis(500)),
+            ("10s", Duration::from_secs(10)),
+            ("2m", Duration::from_secs(120)),
+            ("1h30m", Duration::from_secs(5400)),
+            ("7d", Duration::from_secs(7 * 86_400)),
+        ];
+        for (sub, flag) in &flags {
+            for (text, want) in cases {
+                let argv = ["kube-overcommit", sub, &format!("--{flag}"), text];
+                let matches = Cli::command()
+                    .try_get_matches_from(argv)
+                    .unwrap_or_else(|e| panic!("{sub} --{flag} {text}: {e}"));
+                let got = matches
+                    .subcommand_matches(sub)
+                    .and_then(|m| m.get_one::<Duration>(&flag.replace('-', "_")).copied());
+                assert_eq!(got, Some(want), "{sub} --{flag} {text}");
+            }
+            let argv = ["kube-overcommit", sub, &format!("--{flag}"), "1.5s"];
+            assert!(
+                Cli::command().try_get_matches_from(argv).is_err(),
+                "{sub} --{flag} 1.5s"
+            );
+        }
+    }
+
+    #[test]
+    fn named_duration_flags_parse() {
+        for argv in [
+            &["kube-overcommit", "serve", "--idle-timeout", "120"][..],
+            &["kube-overcommit", "serve", "--lease-ttl", "2m"],
+            &["kube-overcommit", "serve", "--ca-validity", "365d"],
+        ] {
+            let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let Command::Serve(args) = cli.command else {
+                panic!("not serve");
+            };
+            let want = match argv[2] {
+                "--idle-timeout" => (args.server.idle_timeout, Duration::from_secs(120)),
+                "--lease-ttl" => (args.leader.lease_ttl, Duration::from_secs(120)),
+                _ => (args.leader.ca_validity, Duration::from_secs(365 * 86_400)),
+            };
+            assert_eq!(want.0, want.1, "{argv:?}");
         }
     }
 }

@@ -10,11 +10,15 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod app;
 pub mod cli;
+pub mod duration;
 pub mod leader;
 pub mod metrics;
 pub mod probes;
 pub mod review;
 pub mod server;
+pub mod shutdown;
 pub mod sources;
 pub mod watch;
+pub mod webhook;

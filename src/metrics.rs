@@ -401,7 +401,7 @@ impl prometheus_client::metrics::TypedMetric for LatencyHistogram {
 }
 
 impl EncodeMetric for LatencyHistogram {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
         let inner = &*self.inner;
         let mut buckets = Vec::with_capacity(BUCKET_COUNT + 1);
         let mut bound = FIRST_BUCKET_NANOS;

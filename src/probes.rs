@@ -11,15 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::metrics::Metrics;
+use crate::shutdown::Signal;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
-
-use crate::metrics::Metrics;
 
 /// Flags of the probe port.
 #[derive(Debug, Clone, clap::Args)]
@@ -116,7 +115,7 @@ pub async fn bind(
     args: &ProbeArgs,
     readiness: Readiness,
     metrics: Arc<Metrics>,
-    mut stop: watch::Receiver<bool>,
+    shutdown: Signal,
 ) -> Result<(SocketAddr, impl Future<Output = ()> + use<>), ProbeError> {
     let listener = TcpListener::bind(args.probe_listen)
         .await
@@ -142,7 +141,7 @@ pub async fn bind(
                         continue;
                     }
                 },
-                _ = crate::server::turned_true(&mut stop) => break,
+                _ = shutdown.stopped() => break,
             };
             let readiness = readiness.clone();
             let metrics = metrics.clone();
@@ -153,12 +152,12 @@ pub async fn bind(
                     async move { Ok::<_, Infallible>(resp) }
                 }),
             );
-            let mut stop = stop.clone();
+            let shutdown = shutdown.clone();
             tokio::spawn(async move {
                 let mut conn = std::pin::pin!(conn);
                 tokio::select! {
                     _ = conn.as_mut() => {}
-                    _ = crate::server::turned_true(&mut stop) => {
+                    _ = shutdown.stopped() => {
                         conn.as_mut().graceful_shutdown();
                         let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
                     }

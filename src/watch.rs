@@ -7,15 +7,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
+
+use crate::shutdown::Signal;
 
 /// Call `reload` after every change in `dir` (unless `watch_files` is false) and every
-/// `interval`, until `stop` turns true.
+/// `interval`, until `shutdown` says stop.
 pub async fn reload_on_change(
     dir: &Path,
     interval: Duration,
     watch_files: bool,
-    mut stop: watch::Receiver<bool>,
+    shutdown: Signal,
     mut reload: impl FnMut(),
 ) {
     let changed = Arc::new(Notify::new());
@@ -33,7 +35,7 @@ pub async fn reload_on_change(
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             _ = tick.tick() => {}
-            _ = crate::server::turned_true(&mut stop) => return,
+            _ = shutdown.stopped() => return,
         }
         reload();
     }

@@ -169,14 +169,13 @@ impl Controller {
                 return Ok(until);
             }
             tracing::info!(?action, "leader action");
-            self.execute(
-                &action,
-                &observed,
-                &ca,
-                ca_secret.as_ref(),
-                serving.as_ref(),
-            )
-            .await?;
+            let step = Step {
+                observed: &observed,
+                ca: &ca,
+                ca_base: ca_secret.as_ref(),
+                serving_base: serving.as_ref(),
+            };
+            self.execute(&action, &step).await?;
         }
         Ok(now())
     }
@@ -247,17 +246,211 @@ impl Controller {
         Ok(())
     }
 
-    async fn execute(
+    async fn execute(&self, action: &Action, step: &Step<'_>) -> Result<(), ControllerError> {
+        match action {
+            Action::Wait { .. } => Ok(()),
+            Action::CreateCa { carry_over } => self.create_ca(*carry_over, step).await,
+            Action::StartCaRotation { forced } => self.start_ca_rotation(*forced, step).await,
+            Action::SwitchToNextCa => self.switch_to_next_ca(step).await,
+            Action::FinishCaRotation => self.finish_ca_rotation(step).await,
+            Action::IssueLeaf { reason } => self.issue_leaf(reason.as_str(), step).await,
+            Action::SyncServingBundle => self.rewrite_serving(false, step).await,
+            Action::ClearForced => self.rewrite_serving(true, step).await,
+        }
+    }
+
+    /// Write the CA Secret with `contents` (a replace of the version read, or a create).
+    async fn write_ca(
         &self,
-        action: &Action,
-        o: &Observed,
-        ca: &CaMaterial,
-        ca_base: Option<&Secret>,
-        serving_base: Option<&Secret>,
+        step: &Step<'_>,
+        contents: CaContents<'_>,
     ) -> Result<(), ControllerError> {
-        let ns = &self.s.namespace;
-        let trusted_pem = || certs::bundle_pem(&o.trusted());
-        let present = || match &ca.state {
+        let secret = store::ca_secret(
+            &self.s.ca_secret,
+            &self.s.namespace,
+            step.ca_base,
+            &contents,
+        );
+        self.write_secret(step.ca_base, &secret, "ca-secret").await
+    }
+
+    async fn create_ca(
+        &self,
+        carry_over: Option<Fingerprint>,
+        step: &Step<'_>,
+    ) -> Result<(), ControllerError> {
+        let o = step.observed;
+        let fresh = certs::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
+        let carried = carry_over.and_then(|fp| match &o.serving {
+            LeafState::Present { bundle, .. } => {
+                bundle.iter().find(|c| c.fingerprint == fp).cloned()
+            }
+            _ => None,
+        });
+        let outcome = if carried.is_some() {
+            "recovered"
+        } else {
+            "bootstrap"
+        };
+        tracing::info!(outcome, "creating a new CA");
+        let contents = match &carried {
+            Some(old) => CaContents {
+                current_pem: &old.to_pem(),
+                current_key: None,
+                next: Some((&fresh.cert_pem, &fresh.key_pem)),
+                phase: Phase::Published { since: o.now },
+            },
+            None => CaContents {
+                current_pem: &fresh.cert_pem,
+                current_key: Some(&fresh.key_pem),
+                next: None,
+                phase: Phase::Idle,
+            },
+        };
+        self.write_ca(step, contents).await?;
+        if step.ca_base.is_some() {
+            self.metrics.repair("ca-secret", "repaired");
+        }
+        self.metrics.rotation("ca", outcome);
+        Ok(())
+    }
+
+    async fn start_ca_rotation(
+        &self,
+        forced: bool,
+        step: &Step<'_>,
+    ) -> Result<(), ControllerError> {
+        let (current, _, _) = step.present()?;
+        let o = step.observed;
+        let next = certs::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
+        let contents = CaContents {
+            current_pem: &current.to_pem(),
+            current_key: step.ca.current_key.as_deref(),
+            next: Some((&next.cert_pem, &next.key_pem)),
+            phase: Phase::Published { since: o.now },
+        };
+        self.write_ca(step, contents).await?;
+        tracing::info!(
+            forced,
+            "CA rotation: new CA published beside the current one"
+        );
+        self.metrics
+            .rotation("ca", if forced { "forced" } else { "started" });
+        Ok(())
+    }
+
+    async fn switch_to_next_ca(&self, step: &Step<'_>) -> Result<(), ControllerError> {
+        let (current, _, _) = step.present()?;
+        let (next, next_key) = step.next_with_key("no next CA to switch to")?;
+        let phase = Phase::Switched {
+            since: step.observed.now,
+        };
+        let contents = CaContents {
+            current_pem: &current.to_pem(),
+            current_key: step.ca.current_key.as_deref(),
+            next: Some((&next.to_pem(), next_key)),
+            phase,
+        };
+        self.write_ca(step, contents).await?;
+        tracing::info!("CA rotation: leaves now come from the new CA");
+        self.metrics.rotation("ca", "switched");
+        Ok(())
+    }
+
+    async fn finish_ca_rotation(&self, step: &Step<'_>) -> Result<(), ControllerError> {
+        let (next, next_key) = step.next_with_key("no next CA to finish with")?;
+        let contents = CaContents {
+            current_pem: &next.to_pem(),
+            current_key: Some(next_key),
+            next: None,
+            phase: Phase::Idle,
+        };
+        self.write_ca(step, contents).await?;
+        tracing::info!(
+            "CA rotation finished: every ready replica serves a leaf from the new CA; old CA dropped"
+        );
+        self.metrics.rotation("ca", "finished");
+        Ok(())
+    }
+
+    async fn issue_leaf(&self, reason: &str, step: &Step<'_>) -> Result<(), ControllerError> {
+        let (current, next, phase) = step.present()?;
+        let (signer, key) = match (phase, next) {
+            (Phase::Switched { .. }, Some(next)) => (next, step.ca.next_key.as_deref()),
+            _ => (current, step.ca.current_key.as_deref()),
+        };
+        let key = key.ok_or_else(|| ControllerError::State("the signing CA has no key".into()))?;
+        let o = step.observed;
+        let leaf = certs::issue_leaf(
+            &signer.to_pem(),
+            key,
+            &self.dns_names,
+            o.now,
+            self.s.leaf_validity,
+        )?;
+        let secret = store::serving_secret(
+            &self.s.serving_secret,
+            &self.s.namespace,
+            step.serving_base,
+            &leaf.cert_pem,
+            &leaf.key_pem,
+            &certs::bundle_pem(&o.trusted()),
+            o.forced == Some(Forced::Leaf),
+        );
+        let result = self
+            .write_secret(step.serving_base, &secret, "serving-secret")
+            .await;
+        let outcome = match &result {
+            Ok(()) => reason,
+            Err(e) if e.is_conflict() => "conflict",
+            Err(_) => "failed",
+        };
+        self.metrics.rotation("leaf", outcome);
+        result?;
+        tracing::info!(reason, issuer = ?signer.fingerprint, "issued a serving leaf");
+        Ok(())
+    }
+
+    /// Same leaf, ca.crt set to the trusted bundle; with `clear`, the rotation request cleared.
+    async fn rewrite_serving(&self, clear: bool, step: &Step<'_>) -> Result<(), ControllerError> {
+        let base = step
+            .serving_base
+            .ok_or_else(|| ControllerError::State("serving Secret vanished".into()))?;
+        let (crt, key) = store::serving_pair(base)
+            .ok_or_else(|| ControllerError::State("serving Secret has no pair".into()))?;
+        let secret = store::serving_secret(
+            &self.s.serving_secret,
+            &self.s.namespace,
+            Some(base),
+            &crt,
+            &key,
+            &certs::bundle_pem(&step.observed.trusted()),
+            clear,
+        );
+        self.write_secret(Some(base), &secret, "serving-secret")
+            .await?;
+        if clear {
+            tracing::info!("cleared the rotation request");
+        } else {
+            self.metrics.repair("serving-secret", "repaired");
+            tracing::info!("serving Secret ca.crt set to the trusted bundle");
+        }
+        Ok(())
+    }
+}
+
+/// What one step of the loop read, for executing its action.
+struct Step<'a> {
+    observed: &'a Observed,
+    ca: &'a CaMaterial,
+    ca_base: Option<&'a Secret>,
+    serving_base: Option<&'a Secret>,
+}
+
+impl Step<'_> {
+    /// The usable CA: current, next, phase.
+    fn present(&self) -> Result<(&CertInfo, Option<&CertInfo>, Phase), ControllerError> {
+        match &self.ca.state {
             CaState::Present {
                 current,
                 next,
@@ -265,160 +458,15 @@ impl Controller {
                 ..
             } => Ok((current, next.as_ref(), *phase)),
             _ => Err(ControllerError::State("no usable CA".into())),
-        };
-        let write_ca =
-            |contents: CaContents<'_>| store::ca_secret(&self.s.ca_secret, ns, ca_base, &contents);
-        match action {
-            Action::Wait { .. } => Ok(()),
-            Action::CreateCa { carry_over } => {
-                let fresh = certs::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
-                let carried = carry_over.and_then(|fp| match &o.serving {
-                    LeafState::Present { bundle, .. } => {
-                        bundle.iter().find(|c| c.fingerprint == fp).cloned()
-                    }
-                    _ => None,
-                });
-                let secret = match &carried {
-                    Some(old) => write_ca(CaContents {
-                        current_pem: &old.to_pem(),
-                        current_key: None,
-                        next: Some((&fresh.cert_pem, &fresh.key_pem)),
-                        phase: Phase::Published { since: o.now },
-                    }),
-                    None => write_ca(CaContents {
-                        current_pem: &fresh.cert_pem,
-                        current_key: Some(&fresh.key_pem),
-                        next: None,
-                        phase: Phase::Idle,
-                    }),
-                };
-                let outcome = if carried.is_some() {
-                    "recovered"
-                } else {
-                    "bootstrap"
-                };
-                tracing::info!(outcome, "creating a new CA");
-                self.write_secret(ca_base, &secret, "ca-secret").await?;
-                if ca_base.is_some() {
-                    self.metrics.repair("ca-secret", "repaired");
-                }
-                self.metrics.rotation("ca", outcome);
-                Ok(())
-            }
-            Action::StartCaRotation { forced } => {
-                let (current, _, _) = present()?;
-                let next = certs::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
-                let secret = write_ca(CaContents {
-                    current_pem: &current.to_pem(),
-                    current_key: ca.current_key.as_deref(),
-                    next: Some((&next.cert_pem, &next.key_pem)),
-                    phase: Phase::Published { since: o.now },
-                });
-                self.write_secret(ca_base, &secret, "ca-secret").await?;
-                tracing::info!(
-                    forced,
-                    "CA rotation: new CA published beside the current one"
-                );
-                self.metrics
-                    .rotation("ca", if *forced { "forced" } else { "started" });
-                Ok(())
-            }
-            Action::SwitchToNextCa => {
-                let (current, next, _) = present()?;
-                let (Some(next), Some(next_key)) = (next, ca.next_key.as_deref()) else {
-                    return Err(ControllerError::State("no next CA to switch to".into()));
-                };
-                let secret = write_ca(CaContents {
-                    current_pem: &current.to_pem(),
-                    current_key: ca.current_key.as_deref(),
-                    next: Some((&next.to_pem(), next_key)),
-                    phase: Phase::Switched { since: o.now },
-                });
-                self.write_secret(ca_base, &secret, "ca-secret").await?;
-                tracing::info!("CA rotation: leaves now come from the new CA");
-                self.metrics.rotation("ca", "switched");
-                Ok(())
-            }
-            Action::FinishCaRotation => {
-                let (_, next, _) = present()?;
-                let (Some(next), Some(next_key)) = (next, ca.next_key.as_deref()) else {
-                    return Err(ControllerError::State("no next CA to finish with".into()));
-                };
-                let secret = write_ca(CaContents {
-                    current_pem: &next.to_pem(),
-                    current_key: Some(next_key),
-                    next: None,
-                    phase: Phase::Idle,
-                });
-                self.write_secret(ca_base, &secret, "ca-secret").await?;
-                tracing::info!(
-                    "CA rotation finished: every ready replica serves a leaf from the new CA; old CA dropped"
-                );
-                self.metrics.rotation("ca", "finished");
-                Ok(())
-            }
-            Action::IssueLeaf { reason } => {
-                let (current, next, phase) = present()?;
-                let (signer, key) = match (phase, next) {
-                    (Phase::Switched { .. }, Some(next)) => (next, ca.next_key.as_deref()),
-                    _ => (current, ca.current_key.as_deref()),
-                };
-                let key =
-                    key.ok_or_else(|| ControllerError::State("the signing CA has no key".into()))?;
-                let leaf = certs::issue_leaf(
-                    &signer.to_pem(),
-                    key,
-                    &self.dns_names,
-                    o.now,
-                    self.s.leaf_validity,
-                )?;
-                let secret = store::serving_secret(
-                    &self.s.serving_secret,
-                    ns,
-                    serving_base,
-                    &leaf.cert_pem,
-                    &leaf.key_pem,
-                    &trusted_pem(),
-                    o.forced == Some(Forced::Leaf),
-                );
-                let result = self
-                    .write_secret(serving_base, &secret, "serving-secret")
-                    .await;
-                let outcome = match &result {
-                    Ok(()) => reason.as_str(),
-                    Err(e) if e.is_conflict() => "conflict",
-                    Err(_) => "failed",
-                };
-                self.metrics.rotation("leaf", outcome);
-                result?;
-                tracing::info!(reason = reason.as_str(), issuer = ?signer.fingerprint, "issued a serving leaf");
-                Ok(())
-            }
-            Action::SyncServingBundle | Action::ClearForced => {
-                let base = serving_base
-                    .ok_or_else(|| ControllerError::State("serving Secret vanished".into()))?;
-                let (crt, key) = store::serving_pair(base)
-                    .ok_or_else(|| ControllerError::State("serving Secret has no pair".into()))?;
-                let clear = matches!(action, Action::ClearForced);
-                let secret = store::serving_secret(
-                    &self.s.serving_secret,
-                    ns,
-                    Some(base),
-                    &crt,
-                    &key,
-                    &trusted_pem(),
-                    clear,
-                );
-                self.write_secret(Some(base), &secret, "serving-secret")
-                    .await?;
-                if clear {
-                    tracing::info!("cleared the rotation request");
-                } else {
-                    self.metrics.repair("serving-secret", "repaired");
-                    tracing::info!("serving Secret ca.crt set to the trusted bundle");
-                }
-                Ok(())
-            }
+        }
+    }
+
+    /// The next CA of a running rotation and its key; `missing` is the error otherwise.
+    fn next_with_key(&self, missing: &str) -> Result<(&CertInfo, &str), ControllerError> {
+        let (_, next, _) = self.present()?;
+        match (next, self.ca.next_key.as_deref()) {
+            (Some(next), Some(key)) => Ok((next, key)),
+            _ => Err(ControllerError::State(missing.into())),
         }
     }
 }

@@ -12,6 +12,8 @@ use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::shutdown::Signal;
+
 /// The claim was lost, or could not be renewed in time.
 #[derive(Debug, thiserror::Error)]
 #[error("not the leader (lease lost or not renewed before its deadline)")]
@@ -65,11 +67,11 @@ pub struct ElectionSettings {
 }
 
 /// Start the election task; returns the claim. The task ends (stepping down if leading) when
-/// `shutdown` turns true.
+/// `shutdown` says stop.
 pub fn spawn(
     client: kube::Client,
     s: ElectionSettings,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Signal,
     on_change: impl Fn(bool) + Send + 'static,
 ) -> (Claim, tokio::task::JoinHandle<()>) {
     let state = Arc::new(Mutex::new(ClaimState { valid_until: None }));
@@ -78,7 +80,6 @@ pub fn spawn(
         state: state.clone(),
         leading: rx,
     };
-    let deadline = s.ttl.saturating_sub(s.renew);
     let lock = LeaseLock::new(
         client,
         &s.namespace,
@@ -88,75 +89,108 @@ pub fn spawn(
             lease_ttl: s.ttl,
         },
     );
-    let set = move |valid_until: Option<Instant>| {
-        if let Ok(mut st) = state.lock() {
+    let holder = Holder {
+        state,
+        tx,
+        on_change: Box::new(on_change),
+    };
+    let task = tokio::spawn(campaign(lock, s, holder, shutdown));
+    (claim, task)
+}
+
+/// Publishes this replica's claim to every [`Claim`].
+struct Holder {
+    state: Arc<Mutex<ClaimState>>,
+    tx: watch::Sender<bool>,
+    on_change: Box<dyn Fn(bool) + Send>,
+}
+
+impl Holder {
+    fn set(&self, valid_until: Option<Instant>) {
+        if let Ok(mut st) = self.state.lock() {
             st.valid_until = valid_until;
         }
         let leading = valid_until.is_some();
-        if *tx.borrow() != leading {
+        if *self.tx.borrow() != leading {
             tracing::info!(leading, "leadership changed");
-            on_change(leading);
+            (self.on_change)(leading);
         }
-        tx.send_replace(leading);
-    };
-    let task = tokio::spawn(async move {
-        let mut valid_until: Option<Instant> = None;
-        loop {
-            let started = Instant::now();
-            let attempt = tokio::time::timeout(
-                deadline.max(Duration::from_secs(1)),
-                lock.try_acquire_or_renew(),
-            )
-            .await;
-            match attempt {
-                Ok(Ok(LeaseLockResult::Acquired(lease))) => {
-                    let holder = lease
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.holder_identity.as_deref());
-                    if holder == Some(s.identity.as_str()) {
-                        valid_until = Some(started + deadline);
-                    } else {
-                        valid_until = None;
-                    }
-                }
-                Ok(Ok(LeaseLockResult::NotAcquired(_))) => valid_until = None,
-                Ok(Err(e)) => tracing::warn!(error = %e, "lease renewal failed"),
-                Err(_) => tracing::warn!("lease renewal timed out"),
-            }
-            if valid_until.is_some_and(|t| Instant::now() >= t) {
-                valid_until = None;
-            }
-            set(valid_until);
-            // Sleep until the next attempt, dropping the claim at its deadline if it comes first.
-            let next = started + s.renew;
-            let wake = match valid_until {
-                Some(t) if t < next => t,
-                _ => next,
-            };
-            let mut closing = *shutdown.borrow();
-            tokio::select! {
-                _ = tokio::time::sleep_until(wake) => {}
-                changed = shutdown.changed() => closing |= changed.is_err(),
-            }
-            if valid_until.is_some_and(|t| Instant::now() >= t) {
-                valid_until = None;
-                set(None);
-            }
-            if closing || *shutdown.borrow() {
-                if valid_until.is_some() {
-                    set(None);
-                    if let Err(e) = lock.step_down().await {
-                        tracing::warn!(error = %e, "could not step down");
-                    } else {
-                        tracing::info!("stepped down");
-                    }
-                }
-                return;
-            }
+        self.tx.send_replace(leading);
+    }
+}
+
+/// Acquire or renew every `renew`, until stop; then step down if leading.
+async fn campaign(lock: LeaseLock, s: ElectionSettings, holder: Holder, shutdown: Signal) {
+    let deadline = s.ttl.saturating_sub(s.renew);
+    let mut valid_until: Option<Instant> = None;
+    loop {
+        let started = Instant::now();
+        valid_until = try_renew(&lock, &s.identity, started, deadline, valid_until).await;
+        if valid_until.is_some_and(|t| Instant::now() >= t) {
+            valid_until = None;
         }
-    });
-    (claim, task)
+        holder.set(valid_until);
+        // Sleep until the next attempt, dropping the claim at its deadline if it comes first.
+        let next = started + s.renew;
+        let wake = match valid_until {
+            Some(t) if t < next => t,
+            _ => next,
+        };
+        let mut closing = shutdown.is_stopped();
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = shutdown.stopped() => closing = true,
+        }
+        if valid_until.is_some_and(|t| Instant::now() >= t) {
+            valid_until = None;
+            holder.set(None);
+        }
+        if closing || shutdown.is_stopped() {
+            if valid_until.is_some() {
+                holder.set(None);
+                if let Err(e) = lock.step_down().await {
+                    tracing::warn!(error = %e, "could not step down");
+                } else {
+                    tracing::info!("stepped down");
+                }
+            }
+            return;
+        }
+    }
+}
+
+/// One acquire-or-renew attempt started at `started`; returns until when the claim holds
+/// (unchanged when the attempt failed or timed out).
+async fn try_renew(
+    lock: &LeaseLock,
+    identity: &str,
+    started: Instant,
+    deadline: Duration,
+    valid_until: Option<Instant>,
+) -> Option<Instant> {
+    let attempt = tokio::time::timeout(
+        deadline.max(Duration::from_secs(1)),
+        lock.try_acquire_or_renew(),
+    )
+    .await;
+    match attempt {
+        Ok(Ok(LeaseLockResult::Acquired(lease))) => {
+            let holder = lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref());
+            (holder == Some(identity)).then_some(started + deadline)
+        }
+        Ok(Ok(LeaseLockResult::NotAcquired(_))) => None,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "lease renewal failed");
+            valid_until
+        }
+        Err(_) => {
+            tracing::warn!("lease renewal timed out");
+            valid_until
+        }
+    }
 }
 
 #[cfg(test)]

@@ -34,7 +34,6 @@
 
 pub mod certs;
 pub mod controller;
-pub mod duration;
 pub mod election;
 pub mod metrics;
 pub mod node_metrics;
@@ -60,10 +59,9 @@ use self::election::{Claim, ElectionSettings};
 use self::metrics::LeaderMetrics;
 use self::readiness::{ReadinessCheck, ServedCertificate};
 use self::webhook_config::WebhookSettings;
-
-fn duration_arg(text: &str) -> Result<Duration, String> {
-    duration::parse_duration(text).map_err(|e| e.to_string())
-}
+use crate::duration::duration_arg;
+use crate::metrics::Metrics;
+use crate::shutdown::Signal;
 
 fn timeout_arg(text: &str) -> Result<i32, String> {
     let n: i64 = text
@@ -154,6 +152,8 @@ pub enum LeaderError {
     Validity,
     #[error("no identity: set --identity or POD_NAME (the hostname could not be read)")]
     NoIdentity,
+    #[error("--leader-election needs a cluster: {0}")]
+    NoCluster(kube::Error),
 }
 
 impl LeaderArgs {
@@ -187,6 +187,21 @@ impl LeaderArgs {
         format!("{}.{}.svc", self.service_name, self.namespace)
     }
 
+    fn controller(&self) -> ControllerSettings {
+        ControllerSettings {
+            namespace: self.namespace.clone(),
+            service_name: self.service_name.clone(),
+            ca_secret: self.ca_secret.clone(),
+            serving_secret: self.serving_secret.clone(),
+            lease_name: self.lease_name.clone(),
+            ca_validity: self.ca_validity,
+            leaf_validity: self.leaf_validity,
+            check_interval: self.check_interval,
+            propagation_delay: self.propagation_delay,
+            webhook: self.webhook(),
+        }
+    }
+
     fn webhook(&self) -> WebhookSettings {
         WebhookSettings {
             config_name: self.webhook_config_name.clone(),
@@ -216,14 +231,14 @@ impl Running {
 }
 
 /// Start the replica report, the caBundle watch and (when enabled) the election with the
-/// leader loop. Everything stops when `shutdown` turns true.
+/// leader loop. Everything ends when `shutdown` says stop.
 pub fn start(
     client: Client,
     args: &LeaderArgs,
     election: bool,
     served: Arc<dyn ServedCertificate>,
     metrics: LeaderMetrics,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Signal,
 ) -> Result<Running, LeaderError> {
     args.validate()?;
     let identity = args.identity()?;
@@ -231,14 +246,12 @@ pub fn start(
 
     let (bundle_tx, bundle_rx) = watch::channel(None);
     let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    tasks.push(abort_on_shutdown(
-        tokio::spawn(readiness::watch_ca_bundle(
-            configs,
-            args.webhook_config_name.clone(),
-            bundle_tx,
-        )),
+    tasks.push(tokio::spawn(readiness::watch_ca_bundle(
+        configs,
+        args.webhook_config_name.clone(),
+        bundle_tx,
         shutdown.clone(),
-    ));
+    )));
     let readiness = ReadinessCheck::new(bundle_rx, served, args.server_name());
 
     tasks.push(tokio::spawn(report_loop(
@@ -255,41 +268,9 @@ pub fn start(
     )));
 
     let claim = if election {
-        let gauge = metrics.leader.clone();
-        let (claim, task) = election::spawn(
-            client.clone(),
-            ElectionSettings {
-                namespace: args.namespace.clone(),
-                lease_name: args.lease_name.clone(),
-                identity: identity.clone(),
-                ttl: args.lease_ttl,
-                renew: args.lease_renew,
-            },
-            shutdown.clone(),
-            move |leading| {
-                gauge.set(i64::from(leading));
-            },
-        );
-        tasks.push(task);
-        let settings = ControllerSettings {
-            namespace: args.namespace.clone(),
-            service_name: args.service_name.clone(),
-            ca_secret: args.ca_secret.clone(),
-            serving_secret: args.serving_secret.clone(),
-            lease_name: args.lease_name.clone(),
-            ca_validity: args.ca_validity,
-            leaf_validity: args.leaf_validity,
-            check_interval: args.check_interval,
-            propagation_delay: args.propagation_delay,
-            webhook: args.webhook(),
-        };
-        tasks.push(tokio::spawn(supervise(
-            client,
-            settings,
-            claim.clone(),
-            metrics,
-            shutdown,
-        )));
+        let (claim, election_task, leader_task) =
+            start_election(client, args, &identity, metrics, shutdown);
+        tasks.extend([election_task, leader_task]);
         claim
     } else {
         Claim::never()
@@ -302,11 +283,37 @@ pub fn start(
     })
 }
 
-fn abort_on_shutdown(task: JoinHandle<()>, mut shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let _ = shutdown.wait_for(|s| *s).await;
-        task.abort();
-    })
+/// The election and the supervisor of the leader loop: (claim, election task, supervisor).
+fn start_election(
+    client: Client,
+    args: &LeaderArgs,
+    identity: &str,
+    metrics: LeaderMetrics,
+    shutdown: Signal,
+) -> (Claim, JoinHandle<()>, JoinHandle<()>) {
+    let gauge = metrics.leader.clone();
+    let (claim, election_task) = election::spawn(
+        client.clone(),
+        ElectionSettings {
+            namespace: args.namespace.clone(),
+            lease_name: args.lease_name.clone(),
+            identity: identity.to_owned(),
+            ttl: args.lease_ttl,
+            renew: args.lease_renew,
+        },
+        shutdown.clone(),
+        move |leading| {
+            gauge.set(i64::from(leading));
+        },
+    );
+    let leader_task = tokio::spawn(supervise(
+        client,
+        args.controller(),
+        claim.clone(),
+        metrics,
+        shutdown,
+    ));
+    (claim, election_task, leader_task)
 }
 
 /// Run the leader loop while leading; abort it the moment leadership is lost.
@@ -315,13 +322,13 @@ async fn supervise(
     settings: ControllerSettings,
     claim: Claim,
     metrics: LeaderMetrics,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Signal,
 ) {
     let mut leading = claim.subscribe();
     loop {
         tokio::select! {
             r = leading.wait_for(|l| *l) => if r.is_err() { return },
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.stopped() => return,
         }
         tracing::info!("leading: starting the certificate authority and configuration upkeep");
         let controller = Controller::new(
@@ -336,7 +343,7 @@ async fn supervise(
         let mut stopping = false;
         tokio::select! {
             _ = leading.wait_for(|l| !*l) => {}
-            _ = shutdown.wait_for(|s| *s) => stopping = true,
+            _ = shutdown.stopped() => stopping = true,
             _ = &mut task => ended_by_itself = true,
         }
         task.abort();
@@ -355,7 +362,6 @@ async fn supervise(
     }
 }
 
-/// Renew this replica's report Lease; delete it on shutdown.
 /// Where and how often a replica reports.
 struct ReportSettings {
     lease_name: String,
@@ -364,73 +370,96 @@ struct ReportSettings {
     renew: Duration,
 }
 
+/// Renew this replica's report Lease; delete it on shutdown.
 async fn report_loop(
     metrics: LeaderMetrics,
     api: Api<Lease>,
     settings: ReportSettings,
     readiness: ReadinessCheck,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Signal,
 ) {
-    let ReportSettings {
-        lease_name,
-        identity,
-        ttl,
-        renew,
-    } = settings;
-    let name = replicas::replica_lease_name(&lease_name, &identity);
+    let name = replicas::replica_lease_name(&settings.lease_name, &settings.identity);
     let mut last = None;
     loop {
         let report = readiness.report();
-        let now = jiff::Timestamp::now();
-        let (leaf_end, ca_end) = readiness.expiry();
-        let secs = |t: Option<jiff::Timestamp>| {
-            t.map_or(0.0, |t| (t.as_second() - now.as_second()) as f64)
-        };
-        metrics.leaf_expiry_seconds.set(secs(leaf_end));
-        metrics.ca_expiry_seconds.set(secs(ca_end));
+        set_expiry_metrics(&metrics, &readiness);
         if last.as_ref() != Some(&report) {
             tracing::info!(ready = report.ready, leaf = ?report.leaf, issuer = ?report.issuer, "replica report");
         }
-        let lease =
-            replicas::report_lease(&lease_name, &identity, ttl, jiff::Timestamp::now(), &report);
-        match tokio::time::timeout(renew, replicas::write_report(&api, &lease)).await {
+        let lease = replicas::report_lease(
+            &settings.lease_name,
+            &settings.identity,
+            settings.ttl,
+            jiff::Timestamp::now(),
+            &report,
+        );
+        match tokio::time::timeout(settings.renew, replicas::write_report(&api, &lease)).await {
             Ok(Ok(())) => last = Some(report),
             Ok(Err(e)) => tracing::warn!(error = %e, "could not renew the replica report"),
             Err(_) => tracing::warn!("replica report renewal timed out"),
         }
-        // Report again soon after a change of what is served, else every renew period.
-        let deadline = tokio::time::Instant::now() + renew;
-        let mut stopping = false;
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                    if last.as_ref() != Some(&readiness.report()) { break }
-                }
-                r = shutdown.wait_for(|s| *s) => {
-                    drop(r);
-                    stopping = true;
-                }
-            }
-            if stopping {
-                break;
-            }
-        }
-        if stopping {
+        if next_report_due(&readiness, last.as_ref(), settings.renew, &shutdown).await
+            == ReportDue::Stopping
+        {
             replicas::delete_report(&api, &name).await;
             return;
         }
     }
 }
 
+fn set_expiry_metrics(metrics: &LeaderMetrics, readiness: &ReadinessCheck) {
+    let now = jiff::Timestamp::now();
+    let (leaf_end, ca_end) = readiness.expiry();
+    let secs =
+        |t: Option<jiff::Timestamp>| t.map_or(0.0, |t| (t.as_second() - now.as_second()) as f64);
+    metrics.leaf_expiry_seconds.set(secs(leaf_end));
+    metrics.ca_expiry_seconds.set(secs(ca_end));
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum ReportDue {
+    Now,
+    Stopping,
+}
+
+/// Report again soon after a change of what is served, else every renew period.
+async fn next_report_due(
+    readiness: &ReadinessCheck,
+    last: Option<&replicas::SelfReport>,
+    renew: Duration,
+    shutdown: &Signal,
+) -> ReportDue {
+    let deadline = tokio::time::Instant::now() + renew;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return ReportDue::Now,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                if last != Some(&readiness.report()) { return ReportDue::Now }
+            }
+            _ = shutdown.stopped() => return ReportDue::Stopping,
+        }
+    }
+}
+
+/// What the leader part takes from `serve`.
+#[derive(Clone)]
+pub struct ServeContext {
+    /// The shared registry; the leader's metrics are added to it.
+    pub metrics: Arc<Metrics>,
+    /// The webhook's own namespace: that of its Service, Secrets and Leases.
+    pub namespace: String,
+    pub shutdown: Signal,
+    /// The leaf this replica serves, for the readiness gate and the replica report.
+    pub served: Arc<dyn ServedCertificate>,
+}
+
 /// Start the leader part inside `serve`: the namespace comes from `serve`, metrics go to the
-/// shared registry, readiness gets the `certificate-trusted` condition. Off (None) when
+/// shared registry. The caller adds `Running::readiness` to /readyz. Off (None) when
 /// --leader-election=false, or when it is not set and no kube config is available.
 pub async fn start_in_serve(
     args: &LeaderArgs,
-    context: &crate::server::serve::Context,
-    served: Arc<crate::server::certs::CertResolver>,
-) -> anyhow::Result<Option<Running>> {
+    context: ServeContext,
+) -> Result<Option<Running>, LeaderError> {
     if args.leader_election == Some(false) {
         tracing::info!("leader election off (--leader-election=false)");
         return Ok(None);
@@ -441,15 +470,18 @@ pub async fn start_in_serve(
             tracing::info!(error = %e, "no kube config: leader election and certificate management off");
             return Ok(None);
         }
-        Err(e) => anyhow::bail!("--leader-election needs a cluster: {e}"),
+        Err(e) => return Err(LeaderError::NoCluster(e)),
     };
     let mut args = args.clone();
-    args.namespace = context.namespace.clone();
+    args.namespace = context.namespace;
     let metrics = context.metrics.with_registry(LeaderMetrics::new);
-    let running = start(client, &args, true, served, metrics, context.stop.clone())?;
-    let check = running.readiness.clone();
-    context
-        .readiness
-        .add_check("certificate-trusted", move || check.is_ready());
-    Ok(Some(running))
+    start(
+        client,
+        &args,
+        true,
+        context.served,
+        metrics,
+        context.shutdown,
+    )
+    .map(Some)
 }

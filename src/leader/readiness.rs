@@ -16,8 +16,10 @@ use tokio::sync::watch;
 use super::certs::{CertInfo, parse_pem_bundle, verify_leaf};
 use super::replicas::SelfReport;
 use super::webhook_config::live_ca_bundle;
+use crate::shutdown::Signal;
 
-/// Where the leaf this replica serves comes from.
+/// Where the leaf this replica serves comes from (`app` implements it for the server's
+/// certificate resolver).
 pub trait ServedCertificate: Send + Sync {
     /// DER of the leaf certificate currently served (None: nothing served yet).
     fn leaf_der(&self) -> Option<Vec<u8>>;
@@ -135,14 +137,21 @@ pub fn evaluate(
 
 /// Keep `tx` updated with the caBundle of the named configuration. A deleted configuration
 /// keeps the last bundle: nothing calls the webhook without one, and the leader recreates it.
+/// Ends when `shutdown` says stop.
 pub async fn watch_ca_bundle(
     api: Api<MutatingWebhookConfiguration>,
     name: String,
     tx: watch::Sender<Option<Arc<Vec<CertInfo>>>>,
+    shutdown: Signal,
 ) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher(api, config).default_backoff().boxed();
-    while let Some(event) = events.next().await {
+    loop {
+        let event = tokio::select! {
+            e = events.next() => e,
+            _ = shutdown.stopped() => return,
+        };
+        let Some(event) = event else { return };
         match event {
             Ok(watcher::Event::Apply(cfg)) | Ok(watcher::Event::InitApply(cfg)) => {
                 let bundle = live_ca_bundle(&cfg)
@@ -153,12 +162,6 @@ pub async fn watch_ca_bundle(
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "webhook configuration watch"),
         }
-    }
-}
-
-impl ServedCertificate for crate::server::certs::CertResolver {
-    fn leaf_der(&self) -> Option<Vec<u8>> {
-        crate::server::certs::CertResolver::leaf_der(self)
     }
 }
 

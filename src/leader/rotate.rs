@@ -32,7 +32,7 @@ pub struct RotateArgs {
     )]
     pub serving_secret: String,
     /// Wait until the leader has taken the request (cleared the annotation), at most this long.
-    #[arg(long, value_parser = |s: &str| super::duration::parse_duration(s).map_err(|e| e.to_string()))]
+    #[arg(long, value_parser = crate::duration::duration_arg)]
     pub wait: Option<Duration>,
 }
 

@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::metrics::{Metrics, ReloadLabels, ReloadResult};
+use crate::probes::ReadyFlag;
+use crate::shutdown::Signal;
 use arc_swap::ArcSwapOption;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -18,10 +21,6 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
-
-use crate::metrics::{Metrics, ReloadLabels, ReloadResult};
-use crate::probes::ReadyFlag;
 
 pub const CERT_FILE: &str = "tls.crt";
 pub const KEY_FILE: &str = "tls.key";
@@ -230,10 +229,10 @@ impl CertReloader {
     }
 
     /// Reload on every change in the directory (unless `watch_files` is false) and every
-    /// `interval`, until `stop` is true.
-    pub async fn run(mut self, interval: Duration, watch_files: bool, stop: watch::Receiver<bool>) {
+    /// `interval`, until `shutdown` says stop.
+    pub async fn run(mut self, interval: Duration, watch_files: bool, shutdown: Signal) {
         let dir = self.dir.clone();
-        crate::watch::reload_on_change(&dir, interval, watch_files, stop, || {
+        crate::watch::reload_on_change(&dir, interval, watch_files, shutdown, || {
             self.reload();
         })
         .await;

@@ -14,22 +14,22 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use super::routes::App;
+use super::Handler;
 use crate::metrics::Metrics;
+use crate::shutdown::Signal;
 
-pub(super) struct Connection {
-    pub acceptor: TlsAcceptor,
-    pub app: Arc<App>,
-    pub http1: Arc<auto::Builder<TokioExecutor>>,
-    pub http2: Arc<auto::Builder<TokioExecutor>>,
-    pub metrics: Arc<Metrics>,
-    pub handshake_timeout: Duration,
-    pub header_read_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub drain: watch::Receiver<bool>,
+pub(super) struct Connection<H> {
+    pub(super) acceptor: TlsAcceptor,
+    pub(super) handler: Arc<H>,
+    pub(super) http1: Arc<auto::Builder<TokioExecutor>>,
+    pub(super) http2: Arc<auto::Builder<TokioExecutor>>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) handshake_timeout: Duration,
+    pub(super) header_read_timeout: Duration,
+    pub(super) idle_timeout: Duration,
+    pub(super) shutdown: Signal,
 }
 
 /// What the connection is doing, shared by the I/O wrapper, the service and the watchdogs.
@@ -67,8 +67,8 @@ impl Drop for OpenGauge {
     }
 }
 
-impl Connection {
-    pub(super) async fn serve(mut self, tcp: TcpStream, peer: SocketAddr) {
+impl<H: Handler> Connection<H> {
+    pub(super) async fn serve(self, tcp: TcpStream, peer: SocketAddr) {
         let _ = tcp.set_nodelay(true);
         self.metrics.open_connections.inc();
         let _open = OpenGauge(self.metrics.clone());
@@ -95,16 +95,16 @@ impl Connection {
             last_ms: AtomicU64::new(0),
             headers_since_ms: AtomicU64::new(0),
         });
-        let app = self.app.clone();
+        let handler = self.handler.clone();
         let act = activity.clone();
         let service = hyper::service::service_fn(move |req| {
-            let app = app.clone();
+            let handler = handler.clone();
             let act = act.clone();
             async move {
                 act.in_flight.fetch_add(1, Ordering::Relaxed);
                 act.headers_since_ms.store(0, Ordering::Relaxed);
                 let _guard = InFlight(&act);
-                Ok::<_, std::convert::Infallible>(app.route(req).await)
+                Ok::<_, std::convert::Infallible>(handler.handle(req).await)
             }
         });
         let io = TokioIo::new(Watched {
@@ -128,7 +128,7 @@ impl Connection {
                     }
                     return;
                 }
-                _ = super::turned_true(&mut self.drain), if !closing => {
+                _ = self.shutdown.drained(), if !closing => {
                     closing = true;
                     conn.as_mut().graceful_shutdown();
                 }

@@ -1,53 +1,37 @@
-//! The webhook's TLS listener: rustls (TLS 1.2 and 1.3, ALPN h2 and http/1.1) in front of
+//! The webhook's TLS transport: rustls (TLS 1.2 and 1.3, ALPN h2 and http/1.1) in front of
 //! hyper (HTTP/1.1 keep-alive and HTTP/2), connection limits and timeouts, graceful drain.
+//! Generic over the request [`Handler`]: the transport knows nothing of what it serves.
 //!
 //! - `certs`: certificate resolver over an `ArcSwap`, reloaded from the TLS directory.
 //! - `conn`: one connection: handshake, protocol by ALPN, header and idle timeouts, drain.
-//! - `routes`: the request handler (`POST /mutate`).
-//! - `serve`: the `serve` command, which starts everything and shuts it down in order.
 
 pub mod certs;
 mod conn;
-pub mod routes;
-pub mod serve;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 
 use self::certs::CertResolver;
-use self::routes::App;
+use crate::duration::duration_arg;
 use crate::metrics::Metrics;
+use crate::shutdown::Signal;
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime_like(s).ok_or_else(|| format!("invalid duration {s:?} (use e.g. 500ms, 10s, 2m)"))
-}
-
-/// Durations on the command line: an integer with one unit (ms, s, m, h).
-pub fn humantime_like(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
-        "h" => Some(Duration::from_secs(n.checked_mul(3600)?)),
-        _ => None,
-    }
-}
-
-/// Parse a duration flag (`500ms`, `10s`, `2m`, `1h`).
-pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    parse_duration(s)
+/// What the server calls for every request; shared by all connections. It answers every
+/// request (refusals included) itself: the transport only carries requests and responses.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, req: Request<Incoming>) -> impl Future<Output = Response<Full<Bytes>>> + Send;
 }
 
 /// Flags of the webhook port.
@@ -130,21 +114,21 @@ pub fn tls_config(
 }
 
 /// A bound webhook listener, ready to serve.
-pub struct Server {
+pub struct Server<H> {
     listener: TcpListener,
     acceptor: TlsAcceptor,
-    app: Arc<App>,
+    handler: Arc<H>,
     http1: Arc<auto::Builder<TokioExecutor>>,
     http2: Arc<auto::Builder<TokioExecutor>>,
     args: ServerArgs,
     metrics: Arc<Metrics>,
 }
 
-impl Server {
+impl<H: Handler> Server<H> {
     pub async fn bind(
         args: &ServerArgs,
         tls: rustls::ServerConfig,
-        app: Arc<App>,
+        handler: Arc<H>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServerError> {
         let listener =
@@ -170,7 +154,7 @@ impl Server {
         Ok(Self {
             listener,
             acceptor: TlsAcceptor::from(Arc::new(tls)),
-            app,
+            handler,
             http1: Arc::new(http.clone().http1_only()),
             http2: Arc::new(http.http2_only()),
             args: args.clone(),
@@ -182,10 +166,10 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Accept until `drain` turns true, then let every connection finish its requests in
+    /// Accept until `shutdown` says drain, then let every connection finish its requests in
     /// flight and close (HTTP/1.1: `Connection: close` after the current response; HTTP/2:
     /// GOAWAY). Returns when the last connection is gone.
-    pub async fn run(self, mut drain: watch::Receiver<bool>) {
+    pub async fn run(self, shutdown: Signal) {
         let limit = Arc::new(Semaphore::new(self.args.max_connections.max(1)));
         // Each connection task holds a sender; when all are dropped, the drain is complete.
         let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
@@ -195,7 +179,7 @@ impl Server {
                     Ok(p) => p,
                     Err(_) => break,
                 },
-                _ = crate::server::turned_true(&mut drain) => break,
+                _ = shutdown.drained() => break,
             };
             let (tcp, peer) = tokio::select! {
                 r = self.listener.accept() => match r {
@@ -207,18 +191,18 @@ impl Server {
                         continue;
                     }
                 },
-                _ = crate::server::turned_true(&mut drain) => break,
+                _ = shutdown.drained() => break,
             };
             let conn = conn::Connection {
                 acceptor: self.acceptor.clone(),
-                app: self.app.clone(),
+                handler: self.handler.clone(),
                 http1: self.http1.clone(),
                 http2: self.http2.clone(),
                 metrics: self.metrics.clone(),
                 handshake_timeout: self.args.tls_handshake_timeout,
                 header_read_timeout: self.args.header_read_timeout,
                 idle_timeout: self.args.idle_timeout,
-                drain: drain.clone(),
+                shutdown: shutdown.clone(),
             };
             let alive = alive_tx.clone();
             tokio::spawn(async move {
@@ -231,27 +215,5 @@ impl Server {
         drop(alive_tx);
         let _ = alive_rx.recv().await;
         tracing::info!("all webhook connections closed");
-    }
-}
-
-/// Resolves when a stop/drain signal turns true (or its sender is gone).
-pub async fn turned_true(rx: &mut watch::Receiver<bool>) {
-    // The guard `wait_for` returns is not `Send`; drop it here, before any other await.
-    let _ = rx.wait_for(|v| *v).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(humantime_like("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(humantime_like("10s"), Some(Duration::from_secs(10)));
-        assert_eq!(humantime_like("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(humantime_like("1h"), Some(Duration::from_secs(3600)));
-        assert_eq!(humantime_like("10"), None);
-        assert_eq!(humantime_like("s"), None);
-        assert_eq!(humantime_like("5d"), None);
     }
 }

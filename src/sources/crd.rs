@@ -9,15 +9,14 @@
 
 use std::collections::BTreeMap;
 
+use super::PolicyStore;
+use crate::metrics::{PolicySourceLabel, ReloadResult};
+use crate::shutdown::Signal;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use tokio::sync::watch;
-
-use super::PolicyStore;
-use crate::metrics::{PolicySourceLabel, ReloadResult};
 use overcommit_core::policy::{OvercommitPolicy, PolicySet};
 
 /// The valid version in use for each object name.
@@ -104,15 +103,15 @@ fn validate(p: &OvercommitPolicy) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// Watch every OvercommitPolicy until `stop` turns true.
-pub async fn run(client: kube::Client, store: PolicyStore, mut stop: watch::Receiver<bool>) {
+/// Watch every OvercommitPolicy until `shutdown` says stop.
+pub async fn run(client: kube::Client, store: PolicyStore, shutdown: Signal) {
     let api: Api<OvercommitPolicy> = Api::all(client);
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
     let mut state = CrdState::default();
     loop {
         let event = tokio::select! {
             e = events.next() => e,
-            _ = crate::server::turned_true(&mut stop) => return,
+            _ = shutdown.stopped() => return,
         };
         let event = match event {
             Some(Ok(e)) => e,

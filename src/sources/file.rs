@@ -5,12 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
-use tokio::sync::watch;
-
 use super::PolicyStore;
 use crate::metrics::{PolicySourceLabel, ReloadResult};
+use crate::shutdown::Signal;
 use overcommit_core::policy::{PolicySet, parse_policy_file};
+use sha2::{Digest, Sha256};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
@@ -95,12 +94,12 @@ impl FileSource {
         }
     }
 
-    pub async fn run(mut self, interval: Duration, watch_files: bool, stop: watch::Receiver<bool>) {
+    pub async fn run(mut self, interval: Duration, watch_files: bool, shutdown: Signal) {
         let dir = match self.path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
             _ => PathBuf::from("."),
         };
-        crate::watch::reload_on_change(&dir, interval, watch_files, stop, || {
+        crate::watch::reload_on_change(&dir, interval, watch_files, shutdown, || {
             self.reload();
         })
         .await;

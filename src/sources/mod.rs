@@ -26,7 +26,7 @@ pub struct SourceArgs {
 
     /// Re-read the policy file this often even without a change notification.
     #[arg(long, env = "KUBE_OVERCOMMIT_POLICY_RELOAD_INTERVAL", default_value = "10s",
-          value_parser = crate::server::duration_arg)]
+          value_parser = crate::duration::duration_arg)]
     pub policy_reload_interval: Duration,
 }
 

@@ -1,4 +1,7 @@
-//! Durations on the command line: `15s`, `5m`, `1h30m`, `365d`, `500ms` (humantime-like).
+//! The one duration grammar of every command-line flag: a bare integer is seconds (`120`),
+//! otherwise one or more `<integer><unit>` groups with units `ms`, `s`, `m`, `h`, `d`
+//! (`500ms`, `10s`, `2m`, `1h30m`, `7d`). Every duration flag uses [`duration_arg`] as its
+//! clap value parser; `cli`'s tests check that for every flag clap knows.
 
 use std::time::Duration;
 
@@ -56,6 +59,11 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
             .ok_or_else(|| err("too large"))?;
     }
     Ok(total)
+}
+
+/// The clap value parser of every duration flag.
+pub fn duration_arg(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

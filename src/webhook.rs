@@ -1,8 +1,10 @@
-//! One HTTP request on the webhook port: `POST /mutate` -> `admission::handle`.
+//! The webhook's request handler, served by `server`: `POST /mutate` -> `admission`.
 //!
 //! The hot path: match the path and method, check the content type and length, collect the
-//! body into one buffer sized from `Content-Length`, take a lock-free snapshot of the policies,
-//! call `handle` inline, count, answer. Every refusal is a short text message.
+//! body into one buffer sized from `Content-Length` (within the API server's own `timeout`),
+//! take a lock-free snapshot of the policies, call `admission` inline, count, log, answer.
+//! Every refusal is a short text message. `admission` is the one panic guard: it fails open
+//! and never panics, so nothing here catches panics.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,9 +15,13 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
-use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
+use overcommit_core::policy::PolicySet;
 
-/// What the server needs from `admission::Handled`, plus why it failed open or was refused.
+use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
+use crate::metrics::{Metrics, RejectLabels};
+use crate::server::Handler;
+
+/// What the handler needs from `admission::Handled`, plus why it failed open or was refused.
 struct Answer {
     status: u16,
     body: Vec<u8>,
@@ -46,8 +52,6 @@ impl From<Handled> for Answer {
         }
     }
 }
-use crate::metrics::{Metrics, RejectLabels};
-use overcommit_core::policy::PolicySet;
 
 /// The one path the webhook configuration points at.
 pub const MUTATE_PATH: &str = "/mutate";
@@ -59,7 +63,7 @@ const INLINE_BODY_LIMIT: usize = 1024 * 1024;
 const DEFAULT_BODY_CAPACITY: usize = 64 * 1024;
 
 /// Everything a request needs; shared by all connections.
-pub struct App {
+pub struct Webhook {
     pub policies: Arc<ArcSwap<PolicySet>>,
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
@@ -75,8 +79,14 @@ enum BodyError {
     TimedOut,
 }
 
-impl App {
-    pub async fn route(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+impl Handler for Webhook {
+    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        self.route(req).await
+    }
+}
+
+impl Webhook {
+    async fn route(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
         let start = Instant::now();
         if req.uri().path() != MUTATE_PATH {
             return self.reject(
@@ -149,14 +159,13 @@ impl App {
 
     fn review(&self, body: &[u8]) -> Answer {
         let policies = self.policies.load();
-        // `admission::handle` is the panic guard: it never panics.
-        let run = || admission::handle(body, &policies, &self.settings);
-        let handled = if body.len() > INLINE_BODY_LIMIT {
+        // The one call into admission, which is the panic guard: it never panics.
+        let run = || Answer::from(admission::handle(body, &policies, &self.settings));
+        if body.len() > INLINE_BODY_LIMIT {
             tokio::task::block_in_place(run)
         } else {
             run()
-        };
-        handled.into()
+        }
     }
 
     fn reject(&self, status: StatusCode, msg: &'static str) -> Response<Full<Bytes>> {
@@ -190,7 +199,6 @@ impl App {
     }
 }
 
-/// Minimal AdmissionReview answer when the handler itself failed: allowed, no patch.
 /// `application/json`, any case, with or without parameters (`; charset=utf-8`).
 fn is_json(v: Option<&HeaderValue>) -> bool {
     let Some(v) = v.and_then(|v| v.to_str().ok()) else {

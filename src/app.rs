@@ -1,0 +1,357 @@
+//! The composition root of `kube-overcommit serve`: builds and wires every part, then shuts
+//! them down in one ordered place. The parts take small values (metrics, readiness flags, the
+//! shutdown signal) and know nothing of each other.
+//!
+//! Start: metrics, readiness, certificate (read once before listening), policy source,
+//! webhook port, probe port, leader. Shutdown on SIGTERM/SIGINT: `/readyz` fails at once, new
+//! connections are still accepted for `--shutdown-delay` (while endpoints update), then the
+//! listener closes and open connections drain (requests in flight finish; HTTP/1.1 gets
+//! `Connection: close`, HTTP/2 a GOAWAY); background tasks stop; the process exits within
+//! `--shutdown-grace` whatever happens. A second signal exits at once.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal};
+use tokio::task::JoinHandle;
+
+use crate::admission::Settings;
+use crate::duration::duration_arg;
+use crate::leader::{self, LeaderArgs, readiness::ServedCertificate};
+use crate::metrics::Metrics;
+use crate::probes::{self, ProbeArgs, Readiness, ReadyFlag};
+use crate::server::certs::{CertReloader, CertResolver};
+use crate::server::{Server, ServerArgs, tls_config};
+use crate::shutdown::{self, Signal, Trigger};
+use crate::sources::{self, PolicyStore, SourceArgs, file::FileSource};
+use crate::webhook::Webhook;
+
+/// Flags of `serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+
+    #[command(flatten)]
+    pub probes: ProbeArgs,
+
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+
+    /// The webhook's own namespace (its pods are never mutated). Falls back to POD_NAMESPACE,
+    /// then the service account's namespace file.
+    #[arg(long, env = "KUBE_OVERCOMMIT_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// After SIGTERM, keep accepting new connections this long (while the Service's endpoints
+    /// drop this replica) before draining. Counts against --shutdown-grace.
+    #[arg(long, env = "KUBE_OVERCOMMIT_SHUTDOWN_DELAY", default_value = "0s", value_parser = duration_arg)]
+    pub shutdown_delay: Duration,
+
+    /// Do not watch the TLS directory and the policy file for changes (for filesystems without
+    /// inotify); rely on the periodic re-reads alone.
+    #[arg(long, env = "KUBE_OVERCOMMIT_NO_FILE_WATCH")]
+    pub no_file_watch: bool,
+
+    /// Shut down (as on SIGTERM) when the process with this id is gone: tests pass their own
+    /// id so that nothing they start outlives them.
+    #[arg(long, env = "KUBE_OVERCOMMIT_EXIT_WITH_PID", hide = true)]
+    pub exit_with_pid: Option<u32>,
+
+    /// The process exits at most this long after SIGTERM, drained or not.
+    #[arg(long, env = "KUBE_OVERCOMMIT_SHUTDOWN_GRACE", default_value = "25s", value_parser = duration_arg)]
+    pub shutdown_grace: Duration,
+}
+
+const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+fn own_namespace(flag: Option<&str>) -> String {
+    if let Some(ns) = flag.filter(|s| !s.is_empty()) {
+        return ns.to_owned();
+    }
+    if let Ok(ns) = std::env::var("POD_NAMESPACE")
+        && !ns.is_empty()
+    {
+        return ns;
+    }
+    match std::fs::read_to_string(SA_NAMESPACE_FILE) {
+        Ok(ns) if !ns.trim().is_empty() => ns.trim().to_owned(),
+        _ => "kube-overcommit".to_owned(),
+    }
+}
+
+/// Resolves when process `pid` no longer exists; never for `None`.
+async fn process_gone(pid: Option<u32>) {
+    let Some(pid) = pid else {
+        return std::future::pending().await;
+    };
+    let proc_dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+    while proc_dir.exists() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The leader's readiness gate reads the leaf the server's resolver serves.
+impl ServedCertificate for CertResolver {
+    fn leaf_der(&self) -> Option<Vec<u8>> {
+        CertResolver::leaf_der(self)
+    }
+}
+
+/// What every part shares.
+struct Shared {
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    shutdown: Signal,
+    namespace: String,
+}
+
+/// What runs until shutdown.
+struct Running {
+    not_shutting_down: ReadyFlag,
+    server: JoinHandle<()>,
+    /// Stopped after the webhook port drained.
+    background: Vec<JoinHandle<()>>,
+    leader: Option<leader::Running>,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let (trigger, signal) = shutdown::channel();
+    let readiness = Readiness::new();
+    let not_shutting_down = readiness.condition("not-shutting-down", true);
+    let shared = Shared {
+        metrics: Arc::new(Metrics::new()),
+        readiness,
+        shutdown: signal,
+        namespace: own_namespace(args.namespace.as_deref()),
+    };
+    let mut running = start(&args, &shared, not_shutting_down).await?;
+    let mut signals = Signals::install()?;
+    let which = tokio::select! {
+        which = signals.first(args.exit_with_pid) => which,
+        r = &mut running.server => {
+            anyhow::bail!("webhook server stopped unexpectedly: {r:?}");
+        }
+    };
+    shut_down(&args, running, trigger, signals, which).await;
+    Ok(())
+}
+
+/// Start every part; returns what runs until shutdown.
+async fn start(
+    args: &ServeArgs,
+    shared: &Shared,
+    not_shutting_down: ReadyFlag,
+) -> anyhow::Result<Running> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cert_ready = shared.readiness.condition("certificate", false);
+    let policies_synced = shared.readiness.condition("policies", false);
+    let (resolver, reloader) = load_certificate(args, shared, provider.clone(), cert_ready);
+    let store = PolicyStore::new(shared.metrics.clone(), policies_synced);
+    let source = start_policy_source(args, store.clone(), shared.shutdown.clone()).await?;
+
+    let webhook = Arc::new(Webhook {
+        policies: store.cell(),
+        settings: Settings {
+            own_namespace: shared.namespace.clone(),
+        },
+        metrics: shared.metrics.clone(),
+        max_body_bytes: usize::try_from(args.server.max_body_bytes).unwrap_or(usize::MAX),
+        body_timeout: args.server.body_read_timeout,
+    });
+    let server = Server::bind(
+        &args.server,
+        tls_config(provider, resolver.clone())?,
+        webhook,
+        shared.metrics.clone(),
+    )
+    .await?;
+    let webhook_addr = server.local_addr()?;
+    let (probe_addr, probe_serve) = probes::bind(
+        &args.probes,
+        shared.readiness.clone(),
+        shared.metrics.clone(),
+        shared.shutdown.clone(),
+    )
+    .await?;
+    log_listening(args, shared, webhook_addr, probe_addr);
+
+    let reloader = tokio::spawn(reloader.run(
+        args.server.cert_reload_interval,
+        !args.no_file_watch,
+        shared.shutdown.clone(),
+    ));
+    let probes = tokio::spawn(probe_serve);
+    let server = tokio::spawn(server.run(shared.shutdown.clone()));
+    let leader = start_leader(&args.leader, shared, resolver).await?;
+    Ok(Running {
+        not_shutting_down,
+        server,
+        background: vec![reloader, source, probes],
+        leader,
+    })
+}
+
+fn log_listening(args: &ServeArgs, shared: &Shared, webhook: SocketAddr, probes: SocketAddr) {
+    tracing::info!(
+        webhook = %webhook,
+        probes = %probes,
+        namespace = %shared.namespace,
+        policy_source = if args.source.policy_file.is_some() { "file" } else { "crd" },
+        "listening"
+    );
+}
+
+/// The certificate: read once now so that a mounted pair serves from the first connection.
+fn load_certificate(
+    args: &ServeArgs,
+    shared: &Shared,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    cert_ready: ReadyFlag,
+) -> (Arc<CertResolver>, CertReloader) {
+    let resolver = Arc::new(CertResolver::new());
+    let mut reloader = CertReloader::new(
+        args.server.tls_dir.clone(),
+        resolver.clone(),
+        provider,
+        shared.metrics.clone(),
+        cert_ready,
+    );
+    reloader.reload();
+    let not_after = shared.metrics.cert_not_after_seconds.clone();
+    shared
+        .readiness
+        .add_check("certificate-unexpired", move || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            not_after.get() > now
+        });
+    (resolver, reloader)
+}
+
+/// The policy file (read once now) or, without one, the OvercommitPolicy watch.
+async fn start_policy_source(
+    args: &ServeArgs,
+    store: PolicyStore,
+    shutdown: Signal,
+) -> anyhow::Result<JoinHandle<()>> {
+    match &args.source.policy_file {
+        Some(path) => {
+            let mut file = FileSource::new(path.clone(), store);
+            file.reload();
+            let interval = args.source.policy_reload_interval;
+            let watch_files = !args.no_file_watch;
+            Ok(tokio::spawn(file.run(interval, watch_files, shutdown)))
+        }
+        None => {
+            let client = kube::Client::try_default()
+                .await
+                .map_err(sources::SourceError::from)
+                .context("no --policy-file, so watching OvercommitPolicy needs a cluster")?;
+            Ok(tokio::spawn(sources::crd::run(client, store, shutdown)))
+        }
+    }
+}
+
+/// The leader part; its readiness gate becomes the `certificate-trusted` condition.
+async fn start_leader(
+    args: &LeaderArgs,
+    shared: &Shared,
+    served: Arc<CertResolver>,
+) -> anyhow::Result<Option<leader::Running>> {
+    let context = leader::ServeContext {
+        metrics: shared.metrics.clone(),
+        namespace: shared.namespace.clone(),
+        shutdown: shared.shutdown.clone(),
+        served,
+    };
+    let running = leader::start_in_serve(args, context).await?;
+    if let Some(running) = &running {
+        let check = running.readiness.clone();
+        shared
+            .readiness
+            .add_check("certificate-trusted", move || check.is_ready());
+    }
+    Ok(running)
+}
+
+/// SIGTERM and SIGINT.
+struct Signals {
+    term: UnixSignal,
+    int: UnixSignal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
+    }
+
+    /// The first reason to shut down.
+    async fn first(&mut self, exit_with_pid: Option<u32>) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+            _ = process_gone(exit_with_pid) => "watched process exited",
+        }
+    }
+
+    /// A second signal exits at once, whatever is still running.
+    fn exit_on_next(mut self) {
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = self.term.recv() => {}
+                _ = self.int.recv() => {}
+            }
+            tracing::warn!("second signal: exiting now");
+            std::process::exit(1);
+        });
+    }
+}
+
+/// Ordered shutdown: not ready, delay, drain the webhook port, stop the rest; all within
+/// --shutdown-grace.
+async fn shut_down(
+    args: &ServeArgs,
+    mut running: Running,
+    trigger: Trigger,
+    signals: Signals,
+    which: &'static str,
+) {
+    let started = Instant::now();
+    running.not_shutting_down.set(false);
+    tracing::info!(signal = which, grace = ?args.shutdown_grace, "shutting down: not ready");
+    signals.exit_on_next();
+    let grace_left = || args.shutdown_grace.saturating_sub(started.elapsed());
+    tokio::time::sleep(args.shutdown_delay.min(grace_left())).await;
+    trigger.drain();
+    // Keep a margin for stopping the rest within the grace period.
+    let drain_budget = grace_left().saturating_sub(Duration::from_millis(200));
+    match tokio::time::timeout(drain_budget, &mut running.server).await {
+        Ok(_) => tracing::info!(elapsed = ?started.elapsed(), "webhook port drained"),
+        Err(_) => {
+            tracing::warn!("grace period over with connections still open; closing them");
+            running.server.abort();
+        }
+    }
+    trigger.stop();
+    let rest = async {
+        for task in running.background {
+            let _ = task.await;
+        }
+        if let Some(leader) = running.leader {
+            leader.stopped().await;
+        }
+    };
+    // The leader steps down and the replica report is deleted here: a few API calls.
+    let _ = tokio::time::timeout(Duration::from_millis(500), rest).await;
+    tracing::info!(elapsed = ?started.elapsed(), "stopped");
+}
