@@ -1,7 +1,7 @@
 //! Reading a review from the request body: the fields the rules use are deserialised by
 //! serde_json from their own slices of the body (plain strings and objects of strings first by
-//! `plain_json`, which leaves anything else to serde_json and answers as it does); everything
-//! else is stepped over by `scan`, without building or visiting it token by token, and what
+//! `overcommit_json::plain`, which leaves anything else to serde_json and answers as it does);
+//! everything else is stepped over by `scan`, without building or visiting it token by token, and what
 //! comes after the last field a node status review's decision needs is not read at all (the
 //! unread tail, below). `oldObject` is read (its `metadata.annotations` only) when the node
 //! rule needs the stored annotations: a node review whose object carries neither overcommit
