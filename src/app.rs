@@ -17,7 +17,7 @@ use anyhow::Context as _;
 use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal};
 use tokio::task::JoinHandle;
 
-use crate::admission::Settings;
+use crate::admission::{Clock, Settings};
 use crate::duration::duration_arg;
 use crate::leader::{self, LeaderArgs, readiness::ServedCertificate};
 use crate::metrics::Metrics;
@@ -66,6 +66,14 @@ pub struct ServeArgs {
     /// The process exits at most this long after SIGTERM, drained or not.
     #[arg(long, env = "KUBE_OVERCOMMIT_SHUTDOWN_GRACE", default_value = "25s", value_parser = duration_arg)]
     pub shutdown_grace: Duration,
+
+    /// Quiet heartbeats: on a node this webhook inflates, a status update whose conditions
+    /// differ from the stored ones only in their lastHeartbeatTime gets the stored times back
+    /// while those are younger than this, so that it stores nothing. Set it to the kubelets'
+    /// nodeStatusReportFrequency (5m by default): a heartbeat is then stored as often as on a
+    /// node without the webhook. 0 (the default, for now: README) turns it off.
+    #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "0", value_parser = duration_arg)]
+    pub heartbeat_refresh: Duration,
 }
 
 const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -159,6 +167,8 @@ async fn start(
         policies: store.cell(),
         settings: Settings {
             own_namespace: shared.namespace.clone(),
+            heartbeat_refresh: args.heartbeat_refresh,
+            clock: Clock::System,
         },
         metrics: shared.metrics.clone(),
         max_body_bytes: usize::try_from(args.server.max_body_bytes).unwrap_or(usize::MAX),

@@ -103,6 +103,19 @@ mod tests {
 
     use super::*;
 
+    /// The subcommand's required flags, each with a placeholder value.
+    fn required(sub: &str) -> Vec<String> {
+        let cli = Cli::command();
+        let Some(sub) = cli.find_subcommand(sub) else {
+            return Vec::new();
+        };
+        sub.get_arguments()
+            .filter(|arg| arg.is_required_set())
+            .filter_map(|arg| arg.get_long())
+            .flat_map(|long| [format!("--{long}"), "placeholder".to_owned()])
+            .collect()
+    }
+
     /// Every flag of every subcommand whose value is a `Duration`, as (subcommand, long name).
     fn duration_flags() -> Vec<(String, String)> {
         let cli = Cli::command();
@@ -142,7 +155,13 @@ mod tests {
         ];
         for (sub, flag) in &flags {
             for (text, want) in cases {
-                let argv = ["kube-overcommit", sub, &format!("--{flag}"), text];
+                let mut argv = vec![
+                    "kube-overcommit".to_owned(),
+                    sub.clone(),
+                    format!("--{flag}"),
+                ];
+                argv.push(text.to_owned());
+                argv.extend(required(sub));
                 let matches = Cli::command()
                     .try_get_matches_from(argv)
                     .unwrap_or_else(|e| panic!("{sub} --{flag} {text}: {e}"));
@@ -151,7 +170,13 @@ mod tests {
                     .and_then(|m| m.get_one::<Duration>(&flag.replace('-', "_")).copied());
                 assert_eq!(got, Some(want), "{sub} --{flag} {text}");
             }
-            let argv = ["kube-overcommit", sub, &format!("--{flag}"), "1.5s"];
+            let mut argv = vec![
+                "kube-overcommit".to_owned(),
+                sub.clone(),
+                format!("--{flag}"),
+            ];
+            argv.push("1.5s".to_owned());
+            argv.extend(required(sub));
             assert!(
                 Cli::command().try_get_matches_from(argv).is_err(),
                 "{sub} --{flag} 1.5s"

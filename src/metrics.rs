@@ -123,6 +123,12 @@ pub enum PolicySourceLabel {
     crd,
 }
 
+/// `outcome` label of the heartbeats-kept counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeartbeatsKeptLabels {
+    pub outcome: OutcomeLabel,
+}
+
 /// HTTP responses that never reached admission (`status` label), e.g. 404, 405, 413, 415.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
@@ -158,6 +164,10 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     /// Reviews by resource, operation and outcome; pre-created, indexed by [`Self::review_index`].
     reviews: Vec<Counter>,
+    /// Node status reviews whose stored heartbeats were put back (quiet heartbeats), by
+    /// outcome (patched: something else changed too; unchanged never happens: keeping a
+    /// heartbeat is a patch).
+    pub heartbeats_kept: Family<HeartbeatsKeptLabels, Counter>,
     /// Time from request headers to response, for every /mutate request.
     pub review_duration: LatencyHistogram,
     /// Requests refused before admission, by HTTP status.
@@ -214,6 +224,7 @@ impl Metrics {
         let m = Self {
             registry: Mutex::new(Registry::default()),
             reviews,
+            heartbeats_kept: Family::default(),
             review_duration: LatencyHistogram::new(),
             http_rejects: Family::default(),
             policies_loaded: Gauge::default(),
@@ -228,6 +239,11 @@ impl Metrics {
             "reviews",
             "AdmissionReviews answered, by resource, operation and outcome",
             reviews_family,
+        );
+        root.register(
+            "heartbeats_kept",
+            "Node status reviews whose conditions got their stored heartbeat times back (quiet heartbeats), by review outcome",
+            m.heartbeats_kept.clone(),
         );
         root.register(
             "review_duration_seconds",

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-use crate::admission::{self, Outcome, Settings};
+use std::time::Duration;
+
+use crate::admission::{self, Clock, Outcome, Settings};
+use crate::duration::duration_arg;
 use overcommit_core::policy::{self, PolicySet};
 
 /// Print the AdmissionReview response `serve` would give for a review.
@@ -31,6 +34,20 @@ pub struct ReviewArgs {
         default_value = "kube-overcommit"
     )]
     pub own_namespace: String,
+    /// Quiet heartbeats' refresh period, as `serve --heartbeat-refresh` (0: off).
+    #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "0", value_parser = duration_arg)]
+    pub heartbeat_refresh: Duration,
+    /// The time of the review (RFC 3339, e.g. 2026-11-24T02:00:00Z), to replay a decision
+    /// whose heartbeat ages matter; default: now.
+    #[arg(long, value_parser = parse_now)]
+    pub now: Option<i64>,
+}
+
+/// `--now`: an RFC 3339 time, in milliseconds since the Unix epoch.
+fn parse_now(text: &str) -> Result<i64, String> {
+    text.parse::<jiff::Timestamp>()
+        .map(|t| t.as_millisecond())
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time (2026-11-24T02:00:00Z): {e}"))
 }
 
 /// Run `review`: the response JSON on stdout; with `--explain`, the account on stderr.
@@ -44,6 +61,8 @@ pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
     let body = as_review(&input)?;
     let settings = Settings {
         own_namespace: args.own_namespace.clone(),
+        heartbeat_refresh: args.heartbeat_refresh,
+        clock: args.now.map_or(Clock::System, Clock::Fixed),
     };
     let handled = admission::handle(&body, &policies, &settings);
     let reason = handled.error.as_ref().map(|e| e.to_string());

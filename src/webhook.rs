@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use overcommit_core::policy::PolicySet;
 
 use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
-use crate::metrics::{Metrics, RejectLabels};
+use crate::metrics::{HeartbeatsKeptLabels, Metrics, RejectLabels};
 use crate::server::Handler;
 
 /// What the handler needs from `admission::Handled`, plus why it failed open or was refused.
@@ -30,6 +30,7 @@ struct Answer {
     outcome: Outcome,
     /// Why a review failed open or was refused (for the log).
     reason: Option<String>,
+    heartbeats_kept: bool,
 }
 
 impl From<Handled> for Answer {
@@ -41,6 +42,7 @@ impl From<Handled> for Answer {
             operation,
             outcome,
             error,
+            heartbeats_kept,
         } = h;
         Self {
             status,
@@ -49,6 +51,7 @@ impl From<Handled> for Answer {
             operation,
             outcome,
             reason: error.map(|e| e.to_string()),
+            heartbeats_kept,
         }
     }
 }
@@ -147,6 +150,11 @@ impl Webhook {
         }
         self.metrics
             .count_review(handled.resource, &handled.operation, handled.outcome);
+        if handled.heartbeats_kept {
+            let outcome = handled.outcome.into();
+            let labels = HeartbeatsKeptLabels { outcome };
+            self.metrics.heartbeats_kept.get_or_create(&labels).inc();
+        }
         let mut resp = Response::new(Full::new(Bytes::from(handled.body)));
         *resp.status_mut() = StatusCode::from_u16(handled.status).unwrap_or(StatusCode::OK);
         resp.headers_mut().insert(

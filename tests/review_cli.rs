@@ -166,3 +166,51 @@ fn crd_prints_the_checked_in_definition() {
         "deploy/crd/overcommitpolicies.yaml is stale: run `make crd`"
     );
 }
+
+/// Quiet heartbeats replayed offline: at the time the review was made, the stored heartbeats
+/// are young and kept; a day later they are too old and go through as sent; without the flag
+/// (the default) nothing is said of heartbeats.
+#[test]
+fn review_explains_each_heartbeat() {
+    let args = |extra: &[&'static str]| {
+        let mut args = vec![
+            "review",
+            "--explain",
+            "--policy-file",
+            "tests/fixtures/policies.yaml",
+            "tests/fixtures/node-status-update.json",
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    let at_the_time = run(
+        &args(&["--heartbeat-refresh", "5m", "--now", "2026-11-21T20:58:30Z"]),
+        None,
+    );
+    assert!(at_the_time.status.success());
+    let explained = String::from_utf8_lossy(&at_the_time.stderr);
+    assert!(
+        explained.contains("Ready: heartbeat kept: stored 20s old, refresh 5m"),
+        "{explained}"
+    );
+    let patch = json(&at_the_time.stdout)["response"]["patch"].clone();
+    assert!(patch.is_string(), "a patch keeps the heartbeats");
+
+    let a_day_later = run(
+        &args(&["--heartbeat-refresh", "5m", "--now", "2026-11-22T20:58:30Z"]),
+        None,
+    );
+    let explained = String::from_utf8_lossy(&a_day_later.stderr);
+    assert!(
+        explained.contains("Ready: heartbeat sent: stored 24h0m old, refresh 5m"),
+        "{explained}"
+    );
+
+    let off = run(&args(&[]), None);
+    let explained = String::from_utf8_lossy(&off.stderr);
+    assert!(!explained.contains("heartbeat"), "{explained}");
+
+    let bad = run(&args(&["--now", "yesterday"]), None);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("RFC 3339"));
+}

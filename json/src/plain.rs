@@ -190,8 +190,25 @@ const NO_SPAN: Span = Span {
 /// The object of strings whose `{` is at `body[start]`, borrowed from the body, and the index
 /// past its `}`; `None` where serde_json must read it.
 pub fn map_in(body: &[u8], start: usize) -> Option<(StrMap<'_>, usize)> {
+    let mut map = StrMap::with_capacity(8);
+    let end = members_in(body, start, |key, value| {
+        map.insert(key, value);
+        Some(())
+    })?;
+    Some((map, end))
+}
+
+/// Calls `member` with each key and value, in order, of the object of strings whose `{` is at
+/// `body[start]` (borrowed from the body where they have no escapes; a struct's reader takes
+/// them field by field, with no map in between), and returns the index past its `}`; `None`
+/// where serde_json must read it, or where `member` says so.
+pub fn members_in<'b>(
+    body: &'b [u8],
+    start: usize,
+    mut member: impl FnMut(Cow<'b, str>, Cow<'b, str>) -> Option<()>,
+) -> Option<usize> {
     // Walked once to find its end (keeping where up to 32 members are), so that its text is
-    // checked as UTF-8 in one go; a larger map is walked again in the text.
+    // checked as UTF-8 in one go; a larger object is walked again in the text.
     let mut kept = [(NO_SPAN, NO_SPAN); KEPT_MEMBERS];
     let mut members = 0;
     let end = walk(body, start, |key, value| {
@@ -202,20 +219,46 @@ pub fn map_in(body: &[u8], start: usize) -> Option<(StrMap<'_>, usize)> {
         Some(())
     })?;
     let text = std::str::from_utf8(body.get(start..end)?).ok()?;
+    if members > KEPT_MEMBERS {
+        let read_to = walk(text.as_bytes(), 0, |key, value| {
+            member(text_of(text, key)?, text_of(text, value)?)
+        })?;
+        return (start + read_to == end).then_some(end);
+    }
     let shift = |span: Span| Span {
         start: span.start - start,
         end: span.end - start,
         ..span
     };
-    if members > KEPT_MEMBERS {
-        let (map, read_to) = read_text(text, 0)?;
-        return (start + read_to == end).then_some((map, end));
-    }
-    let mut map = StrMap::with_capacity(members);
     for &(key, value) in kept.get(..members)? {
-        map.insert(text_of(text, shift(key))?, text_of(text, shift(value))?);
+        member(text_of(text, shift(key))?, text_of(text, shift(value))?)?;
     }
-    Some((map, end))
+    Some(end)
+}
+
+/// Calls `element` with the index of each element of the array whose `[` is at `body[start]`;
+/// `element` reads the element and returns the index past it. Returns the index past the `]`;
+/// `None` where serde_json must read it, or where `element` says so.
+pub fn array_in(
+    body: &[u8],
+    start: usize,
+    mut element: impl FnMut(usize) -> Option<usize>,
+) -> Option<usize> {
+    if body.get(start) != Some(&b'[') {
+        return None;
+    }
+    let mut i = skip_ws(body, start + 1);
+    if body.get(i) == Some(&b']') {
+        return Some(i + 1);
+    }
+    loop {
+        i = skip_ws(body, element(i)?);
+        match body.get(i)? {
+            b',' => i = skip_ws(body, i + 1),
+            b']' => return Some(i + 1),
+            _ => return None,
+        }
+    }
 }
 
 /// The string whose opening quote is at `body[start]` if it has no escapes (a string with

@@ -8,8 +8,12 @@
 //!   reader's answer is the undamaged review's answer, or an answer without a patch, or 400:
 //!   never another patch;
 //! - damage in the unread tail (from the status member after allocatable and capacity, or from
-//!   `oldObject`, when a node review's decision needs nothing there: `read.rs`): the reader's
-//!   answer is the undamaged review's, byte for byte.
+//!   `oldObject`, when a node review's decision needs nothing there: `read.rs`), or in the
+//!   object's status after its conditions where the reader jumps to `oldObject` (quiet
+//!   heartbeats): the reader's answer is the undamaged review's, byte for byte.
+//!
+//! Every policy set is tried with quiet heartbeats off and on (a fixed clock near the
+//! fixtures' heartbeats, so that stored ones are kept).
 
 use std::ops::Range;
 
@@ -51,27 +55,53 @@ const FIXTURES: &[(&str, &[u8])] = &[
     ),
 ];
 
-fn policy_sets() -> Vec<(&'static str, PolicySet)> {
+/// Policies and settings: what an answer depends on besides the body.
+struct Rules {
+    policies: PolicySet,
+    settings: Settings,
+}
+
+impl Rules {
+    fn needs(&self) -> RuleNeeds<'_> {
+        needs(&self.policies, &self.settings)
+    }
+}
+
+/// The first is the fixture policies with quiet heartbeats off (the single-set tests use it).
+fn policy_sets() -> Vec<(&'static str, Rules)> {
     let parse = |text: &str| match parse_policy_file(text).and_then(PolicySet::new) {
         Ok(set) => set,
         Err(e) => panic!("policies: {e}"),
     };
+    let fixture = || parse(include_str!("../../tests/fixtures/policies.yaml"));
+    let bench = || parse(include_str!("../../bench/policy.yaml"));
+    let rules = |policies, settings| Rules { policies, settings };
     vec![
+        ("fixture policies", rules(fixture(), settings())),
+        ("bench policy", rules(bench(), settings())),
+        ("no policy", rules(PolicySet::default(), settings())),
         (
-            "fixture policies",
-            parse(include_str!("../../tests/fixtures/policies.yaml")),
+            "fixture policies, quiet heartbeats",
+            rules(fixture(), quiet()),
         ),
-        (
-            "bench policy",
-            parse(include_str!("../../bench/policy.yaml")),
-        ),
-        ("no policy", PolicySet::default()),
+        ("bench policy, quiet heartbeats", rules(bench(), quiet())),
     ]
 }
 
 fn settings() -> Settings {
     Settings {
         own_namespace: "kube-overcommit".into(),
+        ..Settings::default()
+    }
+}
+
+/// Quiet heartbeats on, at 2026-11-21T21:00:00Z with a refresh of an hour: the stored
+/// heartbeats of every fixture (20:58:10) and payload (21:32:14) count as young.
+fn quiet() -> Settings {
+    Settings {
+        heartbeat_refresh: std::time::Duration::from_secs(3600),
+        clock: Clock::Fixed(1_795_294_800_000),
+        ..settings()
     }
 }
 
@@ -97,16 +127,16 @@ fn answer_of(handled: Handled) -> Answer {
     }
 }
 
-fn new_answer(body: &[u8], set: &PolicySet) -> Answer {
-    answer_of(handle(body, set, &settings()))
+fn new_answer(body: &[u8], set: &Rules) -> Answer {
+    answer_of(handle(body, &set.policies, &set.settings))
 }
 
-fn reference_answer(body: &[u8], set: &PolicySet) -> Answer {
-    answer_of(reference::handle(body, set, &settings()))
+fn reference_answer(body: &[u8], set: &Rules) -> Answer {
+    answer_of(reference::handle(body, &set.policies, &set.settings))
 }
 
 /// Both paths, required identical.
-fn assert_identical(what: &str, body: &[u8], set: &PolicySet) -> Answer {
+fn assert_identical(what: &str, body: &[u8], set: &Rules) -> Answer {
     let reference = reference_answer(body, set);
     let new = new_answer(body, set);
     assert_eq!(
@@ -122,13 +152,14 @@ fn json(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("not JSON: {e}"))
 }
 
-/// Members in or at which the reader may stop reading a node review (`read.rs`).
+/// Members in or at which the reader may stop reading a node review, or jump from (`read.rs`).
 const MAY_STOP_AT: &[&str] = &[
     "request",
     "object",
     "status",
     "allocatable",
     "capacity",
+    "conditions",
     "oldObject",
 ];
 
@@ -226,7 +257,11 @@ impl Writer<'_> {
                     self.ws(out);
                     out.push(b':');
                     self.ws(out);
-                    self.value(item, in_old_object || key == "oldObject", out);
+                    // No duplicates in oldObject, nor in conditions: the reader skips them
+                    // where the rules do not need them, without the full parse's field checks
+                    // (the documented tolerance).
+                    let no_duplicates = in_old_object || key == "oldObject" || key == "conditions";
+                    self.value(item, no_duplicates, out);
                     self.ws(out);
                 }
                 out.push(b'}');
@@ -500,13 +535,44 @@ fn the_array_form_of_a_review_is_refused() {
     assert_eq!(new_answer(&body, set).status, 400);
 }
 
+/// What `read` reads of a well-formed review beyond the fields it always reads.
+#[derive(Clone, Copy, Default)]
+struct Reads {
+    /// `oldObject` (its annotations, or its conditions).
+    old_object: bool,
+    /// The object's conditions (quiet heartbeats).
+    conditions: bool,
+    /// The stored conditions (quiet heartbeats).
+    old_conditions: bool,
+    /// The stored annotations.
+    old_annotations: bool,
+}
+
 /// The spans of the values `read` does not look into, in a well-formed review: members of the
-/// walked objects it does not read, and `oldObject` unless the fallback reads it.
-fn skipped_spans(body: &[u8]) -> Vec<Range<usize>> {
-    let reads_old_object =
-        matches!(read::parse(body, NEEDS), Parsed::Review(request) if request.old_object.is_some());
+/// walked objects it does not read, and `oldObject` unless it reads it.
+fn skipped_spans(body: &[u8], set: &Rules) -> Vec<Range<usize>> {
+    let reads = match read::parse(body, &set.needs()) {
+        Parsed::Review(request) => Reads {
+            old_object: request.old_object.is_some(),
+            conditions: request
+                .object
+                .as_ref()
+                .and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.conditions.is_some()),
+            old_conditions: request
+                .old_object
+                .as_ref()
+                .and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.conditions.is_some()),
+            old_annotations: request
+                .old_object
+                .as_ref()
+                .is_some_and(|o| o.metadata.is_some()),
+        },
+        _ => Reads::default(),
+    };
     let mut spans = Vec::new();
-    walk(body, 0, &[], reads_old_object, &mut spans);
+    walk(body, 0, &[], reads, &mut spans);
     spans
 }
 
@@ -514,7 +580,7 @@ fn walk(
     body: &[u8],
     start: usize,
     path: &[&str],
-    reads_old_object: bool,
+    reads: Reads,
     spans: &mut Vec<Range<usize>>,
 ) -> usize {
     let start = scan::skip_ws(body, start);
@@ -525,10 +591,14 @@ fn walk(
         let key = std::str::from_utf8(&member.key).unwrap_or_else(|e| panic!("{e}"));
         let walked: &[&str] = match path {
             [] => &["request"],
-            ["request"] if reads_old_object => &["object", "oldObject"],
+            ["request"] if reads.old_object => &["object", "oldObject"],
             ["request"] => &["object"],
             ["request", "object"] => &["metadata", "status"],
-            ["request", "oldObject"] => &["metadata"],
+            ["request", "oldObject"] => match (reads.old_annotations, reads.old_conditions) {
+                (true, true) => &["metadata", "status"],
+                (false, true) => &["status"],
+                _ => &["metadata"],
+            },
             _ => &[],
         };
         let read: &[&str] = match path {
@@ -544,15 +614,19 @@ fn walk(
             ],
             ["request", "object"] => &["spec"],
             ["request", "object", "metadata"] => &["namespace", "labels", "annotations"],
+            ["request", "object", "status"] if reads.conditions => {
+                &["allocatable", "capacity", "conditions"]
+            }
             ["request", "object", "status"] => &["allocatable", "capacity"],
             ["request", "oldObject", "metadata"] => &["annotations"],
+            ["request", "oldObject", "status"] => &["conditions"],
             _ => &[],
         };
         let value_is_object = body.get(member.value_start) == Some(&b'{');
         if walked.contains(&key) && value_is_object {
             let mut inner = path.to_vec();
             inner.push(key);
-            let end = walk(body, member.value_start, &inner, reads_old_object, spans);
+            let end = walk(body, member.value_start, &inner, reads, spans);
             members.value_read(end);
         } else {
             let Ok(span) = members.skip_value() else {
@@ -564,6 +638,23 @@ fn walk(
         }
     }
     members.end()
+}
+
+/// What `read` does not read at all (the documented tolerance of `read.rs`).
+#[derive(Clone, Default)]
+struct Unread {
+    /// From here to the end.
+    from: Option<usize>,
+    /// The object's status after its conditions, jumped over (quiet heartbeats); the object's
+    /// closing brace and what follows are checked by the jump, so they are not in it.
+    middle: Option<Range<usize>>,
+}
+
+fn unread(body: &[u8], set: &Rules) -> Unread {
+    Unread {
+        from: read::unread_from(body, &set.needs()),
+        middle: read::unread_middle(body, &set.needs()),
+    }
 }
 
 /// How the damaged bodies came out (printed with --nocapture).
@@ -580,9 +671,9 @@ fn check_damaged(
     what: &str,
     body: &[u8],
     damage: Range<usize>,
-    (skipped, unread_from): (&[Range<usize>], Option<usize>),
+    (skipped, unread): (&[Range<usize>], Unread),
     undamaged: &Answer,
-    set: &PolicySet,
+    set: &Rules,
     tally: &mut Tally,
 ) {
     let reference = reference_answer(body, set);
@@ -604,7 +695,11 @@ fn check_damaged(
         }
         return;
     }
-    if unread_from.is_some_and(|from| damage.start >= from) {
+    let in_middle = unread
+        .middle
+        .as_ref()
+        .is_some_and(|middle| middle.contains(&damage.start));
+    if unread.from.is_some_and(|from| damage.start >= from) || in_middle {
         tally.unread_tail += 1;
         assert!(
             new.status == undamaged.status
@@ -688,7 +783,7 @@ fn truncated_reviews_are_refused_at_every_length_before_the_unread_tail() {
                 .count();
         // Cut in the unread tail (`read.rs`: past the first byte of the value it starts at), the
         // reader answers as the whole review.
-        let unread_from = read::unread_from(bytes, NEEDS).unwrap_or(json_end);
+        let unread_from = read::unread_from(bytes, &set.needs()).unwrap_or(json_end);
         let whole = new_answer(bytes, set);
         for end in 0..bytes.len() {
             let new = new_answer(&bytes[..end], set);
@@ -719,9 +814,12 @@ fn damaged_reviews_answer_as_serde_json_or_within_the_tolerance() {
     let replacements = b"\"{}[],:\\ 0x\xff\x01e-7tn";
     let mut tally = Tally::default();
     for (name, bytes) in FIXTURES.iter().cycle().take(FIXTURES.len() * rounds) {
-        let skipped = skipped_spans(bytes);
-        assert!(!skipped.is_empty(), "{name}");
-        let unread = read::unread_from(bytes, NEEDS);
+        let skipped: Vec<Vec<Range<usize>>> = sets
+            .iter()
+            .map(|(_, set)| skipped_spans(bytes, set))
+            .collect();
+        assert!(skipped.iter().all(|s| !s.is_empty()), "{name}");
+        let unread: Vec<Unread> = sets.iter().map(|(_, set)| unread(bytes, set)).collect();
         // Every position of the small reviews, a sample of the large ones.
         let positions: Vec<usize> = if bytes.len() < 10_000 {
             (0..bytes.len()).collect()
@@ -729,7 +827,8 @@ fn damaged_reviews_answer_as_serde_json_or_within_the_tolerance() {
             (0..3_000).map(|_| rng.below(bytes.len())).collect()
         };
         for (k, &at) in positions.iter().enumerate() {
-            let (policies, set) = &sets[k % sets.len()];
+            let which = k % sets.len();
+            let (policies, set) = &sets[which];
             let undamaged = new_answer(bytes, set);
             let mut body = bytes.to_vec();
             let replacement = replacements[rng.below(replacements.len())];
@@ -751,7 +850,7 @@ fn damaged_reviews_answer_as_serde_json_or_within_the_tolerance() {
                 &what,
                 &body,
                 at..at + 1,
-                (&skipped, unread),
+                (&skipped[which], unread[which].clone()),
                 &undamaged,
                 set,
                 &mut tally,
@@ -778,7 +877,7 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     let text = String::from_utf8_lossy(body).into_owned();
     let undamaged = assert_identical("original", body, set);
     assert_eq!(undamaged.outcome, Outcome::Patched);
-    let Some(from) = read::unread_from(body, NEEDS) else {
+    let Some(from) = read::unread_from(body, &set.needs()) else {
         panic!("reading does not stop early")
     };
     let conditions = "\"conditions\":";
@@ -860,7 +959,10 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     // into a byte that can begin a value, it is not seen, as damage at the value's first byte
     // is not (the documented tolerance).
     let spaced = text.replacen(conditions, "\"conditions\": ", 1);
-    assert_eq!(read::unread_from(spaced.as_bytes(), NEEDS), Some(from + 1));
+    assert_eq!(
+        read::unread_from(spaced.as_bytes(), &set.needs()),
+        Some(from + 1)
+    );
     assert_eq!(
         assert_identical("space before the value", spaced.as_bytes(), set),
         undamaged
@@ -885,7 +987,7 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
         panic!("fixture without conditions or oldObject")
     };
     let short = format!("{}{}", &text[..cut], &text[end + 1..]);
-    let from = read::unread_from(short.as_bytes(), NEEDS);
+    let from = read::unread_from(short.as_bytes(), &set.needs());
     let old_object = short
         .find("\"oldObject\":")
         .map(|at| at + "\"oldObject\":".len());
@@ -899,10 +1001,97 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     let mut review = json(body);
     review["request"]["object"]["metadata"]["annotations"] = json!({});
     let fallback = serde_json::to_string(&review).unwrap_or_default();
-    assert_eq!(read::unread_from(fallback.as_bytes(), NEEDS), None);
+    assert_eq!(read::unread_from(fallback.as_bytes(), &set.needs()), None);
     let dup = fallback.replacen(dry_run, "\"uid\":\"other\",\"dryRun\":", 1);
     let answer = assert_identical("fallback, uid again", dup.as_bytes(), set);
     assert_eq!(answer.status, 400);
     // A pod review is read to its end.
-    assert_eq!(read::unread_from(FIXTURES[3].1, NEEDS), None);
+    assert_eq!(read::unread_from(FIXTURES[3].1, &set.needs()), None);
+}
+
+#[test]
+fn quiet_heartbeats_jump_over_the_object_to_the_stored_conditions() {
+    // A node status review of an inflated node, as the API server writes it: with quiet
+    // heartbeats the reader reads the object's conditions, jumps from the status member after
+    // them to `oldObject`, reads the stored conditions and stops at the status member after
+    // those. The answer is the full parse's, with the stored heartbeats put back.
+    let sets = policy_sets();
+    let (_, quiet_rules) = &sets[3];
+    let body = FIXTURES[0].1;
+    let text = String::from_utf8_lossy(body).into_owned();
+    let answer = assert_identical("quiet heartbeats", body, quiet_rules);
+    assert_eq!(answer.outcome, Outcome::Patched);
+    let review = json(answer.body.as_bytes());
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(review["response"]["patch"].as_str().unwrap_or_default())
+        .unwrap_or_default();
+    let patch = String::from_utf8_lossy(&patch);
+    assert!(
+        patch.contains(
+            r#""path":"/status/conditions/0/lastHeartbeatTime","value":"2026-11-21T20:58:10Z""#
+        ),
+        "{patch}"
+    );
+    let middle = read::unread_middle(body, &quiet_rules.needs());
+    let addresses = text
+        .find("\"addresses\":")
+        .map(|at| at + "\"addresses\":".len());
+    let object_end = text.find("}},\"oldObject\":");
+    assert_eq!(
+        middle.as_ref().map(|m| (m.start, m.end)),
+        addresses.zip(object_end.map(|at| at + 1)),
+        "from the value after the conditions to the object's closing brace"
+    );
+    let from = read::unread_from(body, &quiet_rules.needs());
+    let old_addresses = text
+        .rfind("\"addresses\":")
+        .map(|at| at + "\"addresses\":".len());
+    assert_eq!(from, old_addresses, "stops after the stored conditions");
+
+    // Damage or a duplicate in the jumped-over part is not seen (the documented tolerance).
+    let images = text.find("\"images\":").unwrap_or_default();
+    for (name, damaged) in [
+        (
+            "garbage in the images",
+            text.replacen("\"images\":", "\"images\":]]", 1),
+        ),
+        ("allocatable again, after the conditions", {
+            let mut t = text.clone();
+            t.insert_str(images, "\"allocatable\":{\"cpu\":\"1\"},");
+            t
+        }),
+    ] {
+        assert_eq!(
+            new_answer(damaged.as_bytes(), quiet_rules),
+            answer,
+            "{name}"
+        );
+        assert_ne!(
+            reference_answer(damaged.as_bytes(), quiet_rules),
+            answer,
+            "{name}"
+        );
+    }
+    // Written any other way (a space before oldObject), the object is read whole: same answer.
+    let spaced = text.replacen("}},\"oldObject\":", "}}, \"oldObject\":", 1);
+    assert_eq!(
+        read::unread_middle(spaced.as_bytes(), &quiet_rules.needs()),
+        None
+    );
+    assert_eq!(
+        assert_identical("spaced", spaced.as_bytes(), quiet_rules),
+        answer
+    );
+    // The object's closing brace is checked by the jump: damaged, the body is refused.
+    let unclosed = text.replacen("}},\"oldObject\":", "} ,\"oldObject\":", 1);
+    assert_eq!(new_answer(unclosed.as_bytes(), quiet_rules).status, 400);
+
+    // The 55 KB payload: the same path.
+    let body = FIXTURES[5].1;
+    let (_, bench_quiet) = &sets[4];
+    assert!(read::unread_middle(body, &bench_quiet.needs()).is_some());
+    assert_eq!(
+        assert_identical("55k", body, bench_quiet).outcome,
+        Outcome::Patched
+    );
 }

@@ -27,9 +27,11 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use overcommit_core::Account;
+use overcommit_core::node::heartbeat::{Condition, Quiet};
 use overcommit_core::node::{self, NodeDecision, NodeView};
 use overcommit_core::patch::{self, PatchOp};
 use overcommit_core::pod::{self, PodDecision, PodSpecIn};
+use overcommit_core::policy::NodeChoice;
 use overcommit_core::policy::PolicySet;
 use overcommit_json::StrMap;
 
@@ -38,6 +40,32 @@ use overcommit_json::StrMap;
 pub struct Settings {
     /// The webhook's own namespace: its pods are never touched.
     pub own_namespace: String,
+    /// `--heartbeat-refresh`: how long a stored condition heartbeat may stand in for the
+    /// kubelet's on a node this webhook inflates (quiet heartbeats); zero turns it off.
+    pub heartbeat_refresh: std::time::Duration,
+    /// The clock the heartbeats' age is measured with.
+    pub clock: Clock,
+}
+
+/// Where the time of a review comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Clock {
+    #[default]
+    System,
+    /// A fixed time, in milliseconds since the Unix epoch (`review --now`, tests).
+    Fixed(i64),
+}
+
+impl Clock {
+    /// Milliseconds since the Unix epoch.
+    pub fn now_ms(self) -> i64 {
+        match self {
+            Clock::Fixed(ms) => ms,
+            Clock::System => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        }
+    }
 }
 
 /// Which kind of object a review was about (a metrics label).
@@ -91,6 +119,8 @@ pub struct Handled {
     /// For `FailedOpen` and `BadRequest`: what went wrong (which object, why), for the log.
     /// It holds no secret material: names, resource names and quantities.
     pub error: Option<ReviewError>,
+    /// Whether stored heartbeat times were put back (quiet heartbeats; a metric).
+    pub heartbeats_kept: bool,
 }
 
 /// Why a review was answered without the rules' patch.
@@ -226,6 +256,15 @@ struct ObjectIn<'a> {
 struct OldObjectIn<'a> {
     #[serde(borrow, default)]
     metadata: Option<OldMetaIn<'a>>,
+    #[serde(borrow, default)]
+    status: Option<OldStatusIn<'a>>,
+}
+
+/// The stored node's conditions (quiet heartbeats).
+#[derive(Deserialize, Default)]
+struct OldStatusIn<'a> {
+    #[serde(borrow, default)]
+    conditions: Option<Vec<Condition<'a>>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -274,6 +313,8 @@ struct NodeStatusIn<'a> {
         deserialize_with = "overcommit_json::borrowed::option_str_map"
     )]
     capacity: Option<StrMap<'a>>,
+    #[serde(borrow, default)]
+    conditions: Option<Vec<Condition<'a>>>,
 }
 
 // ---- what is written back ---------------------------------------------------------------------
@@ -313,12 +354,32 @@ struct StatusOut<'a> {
 
 const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
 
-/// What the rules read beyond a review's object, for the reader's early stop: the node rule
-/// reads the stored node's annotations only when the object carries neither overcommit
-/// annotation (`node::decide`).
-const NEEDS: read::Needs = read::Needs {
-    stored_annotations: |annotations| !node::carries_overcommit_annotations(annotations),
-};
+/// What the rules read beyond the fields every decision reads, for the reader's early stop
+/// (`read::Needs`).
+struct RuleNeeds<'p> {
+    policies: &'p PolicySet,
+    quiet_heartbeats: bool,
+}
+
+impl read::Needs for RuleNeeds<'_> {
+    /// The node rule reads the stored node's annotations only when the object carries neither
+    /// overcommit annotation (`node::decide`).
+    fn stored_annotations(&self, annotations: Option<&StrMap<'_>>) -> bool {
+        !node::carries_overcommit_annotations(annotations)
+    }
+
+    /// Quiet heartbeats read both nodes' conditions, on nodes a policy selects.
+    fn conditions(&self, labels: Option<&StrMap<'_>>) -> bool {
+        self.quiet_heartbeats && matches!(self.policies.for_node(&labels), NodeChoice::Policy(_))
+    }
+}
+
+fn needs<'p>(policies: &'p PolicySet, settings: &Settings) -> RuleNeeds<'p> {
+    RuleNeeds {
+        policies,
+        quiet_heartbeats: !settings.heartbeat_refresh.is_zero(),
+    }
+}
 
 // ---- the decision -----------------------------------------------------------------------------
 
@@ -332,6 +393,10 @@ pub enum Decision {
 }
 
 impl Decision {
+    fn heartbeats_kept(&self) -> bool {
+        matches!(self, Decision::Node(d) if d.heartbeats_kept)
+    }
+
     fn patch(&self) -> &[PatchOp] {
         match self {
             Decision::Node(d) => &d.patch,
@@ -368,7 +433,11 @@ impl Decision {
 /// (design.md 3.1: a bug must not block heartbeats) answers a panic allowed, no patch.
 pub fn handle(body: &[u8], policies: &PolicySet, settings: &Settings) -> Handled {
     catch_unwind(AssertUnwindSafe(|| {
-        respond(read::parse(body, NEEDS), policies, settings)
+        respond(
+            read::parse(body, &needs(policies, settings)),
+            policies,
+            settings,
+        )
     }))
     .unwrap_or_else(|_| panicked(body))
 }
@@ -430,7 +499,10 @@ fn respond(parsed: Parsed<'_>, policies: &PolicySet, settings: &Settings) -> Han
         return answer(uid, resource, operation, None, Outcome::Unchanged);
     }
     match patch::to_json(ops) {
-        Ok(json) => answer(uid, resource, operation, Some(&json), Outcome::Patched),
+        Ok(json) => Handled {
+            heartbeats_kept: decision.heartbeats_kept(),
+            ..answer(uid, resource, operation, Some(&json), Outcome::Patched)
+        },
         Err(e) => {
             let error = undecided(&request, RuleError::Patch(e.to_string()));
             fail_open(uid, resource, operation, error)
@@ -444,7 +516,7 @@ pub fn explain(
     policies: &PolicySet,
     settings: &Settings,
 ) -> Result<Decision, ReviewError> {
-    match read::parse(body, NEEDS) {
+    match read::parse(body, &needs(policies, settings)) {
         Parsed::Review(request) => {
             let resource = classify(request.kind.as_ref(), request.resource.as_ref());
             decide_request(&request, resource, policies, settings, Account::Full)
@@ -519,17 +591,25 @@ fn decide_request(
                 return Err(RuleError::NodeWithoutObject);
             };
             let node = node_view(object);
-            let stored_annotations = request
-                .old_object
-                .as_ref()
+            let old = request.old_object.as_ref();
+            let stored_annotations = old
                 .and_then(|old| old.metadata.as_ref())
                 .and_then(|m| m.annotations.as_ref());
-            let stored = stored_annotations.map(|annotations| NodeView {
+            let stored_conditions = old
+                .and_then(|old| old.status.as_ref())
+                .and_then(|s| s.conditions.as_deref());
+            let stored = old.map(|_| NodeView {
                 has_metadata: true,
-                annotations: Some(annotations),
+                annotations: stored_annotations,
+                conditions: stored_conditions,
                 ..NodeView::default()
             });
-            node::decide_with(&node, stored.as_ref(), policies, account)
+            // Quiet heartbeats: status updates only (a registration has no stored node).
+            let quiet = (operation == "UPDATE").then(|| Quiet {
+                now_ms: settings.clock.now_ms(),
+                refresh: settings.heartbeat_refresh,
+            });
+            node::decide_with(&node, stored.as_ref(), policies, account, quiet)
                 .map(Decision::Node)
                 .map_err(RuleError::from)
         }
@@ -565,6 +645,7 @@ fn node_view<'v>(object: &'v ObjectIn<'v>) -> NodeView<'v> {
         annotations: metadata.and_then(|m| m.annotations.as_ref()),
         allocatable: status.and_then(|s| s.allocatable.as_ref()),
         capacity: status.and_then(|s| s.capacity.as_ref()),
+        conditions: status.and_then(|s| s.conditions.as_deref()),
     }
 }
 
@@ -606,6 +687,7 @@ fn answer(
         operation,
         outcome,
         error: None,
+        heartbeats_kept: false,
     }
 }
 
@@ -679,6 +761,7 @@ fn bad_request(message: String) -> Handled {
         operation: String::new(),
         outcome: Outcome::BadRequest,
         error: Some(ReviewError::NotAReview(message)),
+        heartbeats_kept: false,
     }
 }
 

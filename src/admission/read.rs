@@ -108,18 +108,20 @@ use overcommit_json::plain;
 use overcommit_json::scan::{self, Code, Members, ScanError};
 
 use super::{
-    KindIn, MetaIn, NodeStatusIn, ObjectIn, OldMetaIn, OldObjectIn, Parsed, RequestIn, ResourceIn,
-    ReviewResource, check_envelope, classify, describe_object,
+    Condition, KindIn, MetaIn, NodeStatusIn, ObjectIn, OldMetaIn, OldObjectIn, OldStatusIn, Parsed,
+    RequestIn, ResourceIn, ReviewResource, check_envelope, classify, describe_object,
 };
 
 /// What the rules need from a review beyond the fields every decision reads: the reader asks
-/// where it could stop reading, the rules' side answers (`admission::NEEDS`), so the reader
-/// knows no rule.
-#[derive(Clone, Copy)]
-pub(super) struct Needs {
+/// where it could stop reading, the rules' side answers (`admission::RuleNeeds`), so the
+/// reader knows no rule.
+pub(super) trait Needs {
     /// Whether a node review whose object carries these annotations needs the stored object's
     /// (`oldObject`'s) annotations too.
-    pub(super) stored_annotations: fn(Option<&StrMap<'_>>) -> bool,
+    fn stored_annotations(&self, annotations: Option<&StrMap<'_>>) -> bool;
+    /// Whether a node status update of a node with these labels needs its conditions and the
+    /// stored node's.
+    fn conditions(&self, labels: Option<&StrMap<'_>>) -> bool;
 }
 
 /// Why a body could not be read.
@@ -311,20 +313,32 @@ struct Review<'a> {
     /// The first error in the objects (they are then not read): the review fails open.
     object_error: Option<String>,
     /// Where reading stopped because the decision needed nothing more (the value of the status
-    /// member after the quantity maps, or of `oldObject`); the bytes from here on were not read.
+    /// member after the maps and conditions it reads, or of `oldObject`); the bytes from here on
+    /// were not read.
     unread_from: Option<usize>,
+    /// Bytes of the object's status after its conditions, jumped over to reach `oldObject`
+    /// (quiet heartbeats: `jump_to_old_object`); not read.
+    unread_middle: Option<Range<usize>>,
 }
 
 /// Where `parse` stops reading `body` (the tolerance of the unread tail), if it stops early.
 #[cfg(test)]
-pub(super) fn unread_from(body: &[u8], needs: Needs) -> Option<usize> {
+pub(super) fn unread_from(body: &[u8], needs: &dyn Needs) -> Option<usize> {
     read_review(body, needs)
         .ok()
         .and_then(|review| review.unread_from)
 }
 
+/// What `parse` jumps over in `body` on its way to `oldObject` (quiet heartbeats), if anything.
+#[cfg(test)]
+pub(super) fn unread_middle(body: &[u8], needs: &dyn Needs) -> Option<Range<usize>> {
+    read_review(body, needs)
+        .ok()
+        .and_then(|review| review.unread_middle)
+}
+
 /// Read a review body: the decision's input, a review to fail open, or a 400.
-pub(super) fn parse(body: &[u8], needs: Needs) -> Parsed<'_> {
+pub(super) fn parse<'a>(body: &'a [u8], needs: &dyn Needs) -> Parsed<'a> {
     let review = match read_review(body, needs) {
         Ok(review) => review,
         Err(e) => return Parsed::Bad(format!("body is not an AdmissionReview: {}", e.message)),
@@ -352,7 +366,7 @@ pub(super) fn parse(body: &[u8], needs: Needs) -> Parsed<'_> {
     }
 }
 
-fn read_review(body: &[u8], needs: Needs) -> Read<Review<'_>> {
+fn read_review<'a>(body: &'a [u8], needs: &dyn Needs) -> Read<Review<'a>> {
     let start = scan::skip_ws(body, 0);
     if body.get(start) != Some(&b'{') {
         // Not an object: serde_json says what it is (or why it is not JSON).
@@ -365,6 +379,7 @@ fn read_review(body: &[u8], needs: Needs) -> Read<Review<'_>> {
         request: None,
         object_error: None,
         unread_from: None,
+        unread_middle: None,
     };
     let mut seen = Seen::default();
     while let Some(member) = members.next_member().map_err(scan_error(body))? {
@@ -387,6 +402,7 @@ fn read_review(body: &[u8], needs: Needs) -> Read<Review<'_>> {
                     &mut members,
                     member.value_start,
                     envelope_known.then_some(&mut review.unread_from),
+                    &mut review.unread_middle,
                     &mut review.object_error,
                 )?
                 .map(Box::new);
@@ -456,10 +472,11 @@ fn keep_value<'a, T>(
 /// the decision needs nothing after it.
 fn read_request<'a>(
     body: &'a [u8],
-    needs: Needs,
+    needs: &dyn Needs,
     parent: &mut Members<'a>,
     start: usize,
     mut unread_from: Option<&mut Option<usize>>,
+    unread_middle: &mut Option<Range<usize>>,
     object_error: &mut Option<String>,
 ) -> Read<Option<RequestIn<'a>>> {
     let Some(mut members) = struct_members(body, start, "RequestIn")? else {
@@ -523,7 +540,8 @@ fn read_request<'a>(
                     && unread_from.is_some()
                     && classify(request.kind.as_ref(), request.resource.as_ref())
                         == ReviewResource::Node;
-                let read = read_object(body, needs, &mut members, may_stop);
+                let conditions = may_need_conditions(&request);
+                let read = read_object(body, needs, &mut members, may_stop, conditions);
                 let value = keep_value(
                     body,
                     Some(&mut members),
@@ -534,17 +552,40 @@ fn read_request<'a>(
                 if let Some((object, after)) = value {
                     request.object = object;
                     if let (After::Stopped(at), Some(unread_from)) = (after, unread_from.as_mut()) {
-                        **unread_from = Some(at);
-                        return Ok(Some(request));
+                        if !needs_stored_conditions(&request, needs) {
+                            **unread_from = Some(at);
+                            return Ok(Some(request));
+                        }
+                        match jump_to_old_object(body, at) {
+                            Some(comma) => {
+                                members.value_read(comma);
+                                *unread_middle = Some(at..comma - 1);
+                            }
+                            // Not as the API server writes it: the object is read whole.
+                            None => {
+                                let read =
+                                    read_object(body, needs, &mut members, false, conditions);
+                                let value = keep_value(
+                                    body,
+                                    Some(&mut members),
+                                    member.value_start,
+                                    object_error,
+                                    read,
+                                )?;
+                                request.object = value.and_then(|(object, _)| object);
+                            }
+                        }
                     }
                 }
             }
             b"oldObject" => {
                 // The API server writes oldObject after every field the rules read: when the
                 // stored annotations are not needed, the rest of the body is not read at all.
+                let stored_conditions = needs_stored_conditions(&request, needs);
                 if node_fields_known
                     && object_error.is_none()
                     && !needs_stored_annotations(&request, needs)
+                    && !stored_conditions
                     && classify(request.kind.as_ref(), request.resource.as_ref())
                         == ReviewResource::Node
                     && let Some(unread_from) = unread_from.as_mut()
@@ -559,8 +600,16 @@ fn read_request<'a>(
                 if !kind_resource_object_known {
                     let span = members.skip_value().map_err(scan_error(body))?;
                     old_object = Some(span);
-                } else if object_error.is_none() && needs_stored_annotations(&request, needs) {
-                    let read = read_old_object(body, member.value_start);
+                } else if object_error.is_none()
+                    && (stored_conditions || needs_stored_annotations(&request, needs))
+                {
+                    // With the stored conditions read, nothing after them is needed.
+                    let reads = OldReads {
+                        annotations: needs_stored_annotations(&request, needs),
+                        conditions: stored_conditions,
+                        may_stop: stored_conditions && node_fields_known && unread_from.is_some(),
+                    };
+                    let read = read_old_object(body, member.value_start, reads);
                     let value = keep_value(
                         body,
                         Some(&mut members),
@@ -568,9 +617,17 @@ fn read_request<'a>(
                         object_error,
                         read,
                     )?;
-                    if let Some((old, end)) = value.flatten() {
+                    if let Some((old, ended)) = value.flatten() {
                         request.old_object = Some(old);
-                        members.value_read(end);
+                        match (ended, unread_from.as_mut()) {
+                            (Ended::Stopped(at), Some(unread_from)) => {
+                                **unread_from = Some(at);
+                                return Ok(Some(request));
+                            }
+                            (Ended::Closed(end) | Ended::Stopped(end), _) => {
+                                members.value_read(end)
+                            }
+                        }
                     }
                 }
             }
@@ -578,20 +635,70 @@ fn read_request<'a>(
         }
     }
     parent.value_read(members.end());
+    let stored_conditions = needs_stored_conditions(&request, needs);
     if let Some(span) = old_object
         && object_error.is_none()
-        && needs_stored_annotations(&request, needs)
+        && (stored_conditions || needs_stored_annotations(&request, needs))
     {
-        let read = read_old_object(body, span.start);
+        let reads = OldReads {
+            annotations: needs_stored_annotations(&request, needs),
+            conditions: stored_conditions,
+            may_stop: false,
+        };
+        let read = read_old_object(body, span.start, reads);
         let value = keep_value(body, None, span.start, object_error, read)?;
         request.old_object = value.flatten().map(|(old, _)| old);
     }
     Ok(Some(request))
 }
 
+/// Whether the conditions may be needed, as far as the request's fields read so far tell: a
+/// node review (or one whose kind is not known yet) that is not known to be other than an
+/// UPDATE. Which nodes need them the labels tell (`Needs::conditions`).
+fn may_need_conditions(request: &RequestIn<'_>) -> bool {
+    let kind_known = request.kind.is_some() || request.resource.is_some();
+    let node = classify(request.kind.as_ref(), request.resource.as_ref()) == ReviewResource::Node;
+    let update = request.operation.as_deref().is_none_or(|op| op == "UPDATE");
+    (node || !kind_known) && update
+}
+
+/// Whether the stored node's conditions must be read: a node status update (or a node review
+/// whose operation is not known yet) whose object's conditions were read, of a node the rules
+/// say needs them (quiet heartbeats).
+fn needs_stored_conditions(request: &RequestIn<'_>, needs: &dyn Needs) -> bool {
+    let is_node =
+        classify(request.kind.as_ref(), request.resource.as_ref()) == ReviewResource::Node;
+    let update = request.operation.as_deref().is_none_or(|op| op == "UPDATE");
+    let metadata = request.object.as_ref().and_then(|o| o.metadata.as_ref());
+    let conditions_read = request
+        .object
+        .as_ref()
+        .and_then(|o| o.status.as_ref())
+        .is_some_and(|s| s.conditions.is_some());
+    is_node
+        && update
+        && conditions_read
+        && needs.conditions(metadata.and_then(|m| m.labels.as_ref()))
+}
+
+/// The comma before the request's `oldObject` member, searched for from `from` (a byte in the
+/// object's status after its conditions): `},"oldObject":{` as the API server writes it. Safe
+/// there because nothing in between can hold that text: the rest of a Node's status has only
+/// fixed field names (no maps keyed by users), its strings cannot hold an unescaped quote, and
+/// the status is a Node's last member. `None` when the body is written any other way (the
+/// object is then read whole).
+fn jump_to_old_object(body: &[u8], from: usize) -> Option<usize> {
+    const KEY: &[u8] = b"\"oldObject\":";
+    let rest = body.get(from..)?;
+    let at = from + memchr::memmem::find(rest, KEY)?;
+    let comma = at.checked_sub(1)?;
+    let before = body.get(comma.checked_sub(1)?..at)?;
+    (before == b"}," && body.get(at + KEY.len()) == Some(&b'{')).then_some(comma)
+}
+
 /// Whether the stored object's annotations must be read: a node review whose object's
 /// annotations the rules say are not enough.
-fn needs_stored_annotations(request: &RequestIn<'_>, needs: Needs) -> bool {
+fn needs_stored_annotations(request: &RequestIn<'_>, needs: &dyn Needs) -> bool {
     let is_node =
         classify(request.kind.as_ref(), request.resource.as_ref()) == ReviewResource::Node;
     let annotations = request
@@ -599,7 +706,7 @@ fn needs_stored_annotations(request: &RequestIn<'_>, needs: Needs) -> bool {
         .as_ref()
         .and_then(|o| o.metadata.as_ref())
         .and_then(|m| m.annotations.as_ref());
-    is_node && request.object.is_some() && (needs.stored_annotations)(annotations)
+    is_node && request.object.is_some() && needs.stored_annotations(annotations)
 }
 
 /// What a field reader of [`read_struct`] says after its field.
@@ -694,9 +801,10 @@ fn read_member<'a, T: Default>(
 /// quantity maps are read: `After::Stopped`.
 fn read_object<'a>(
     body: &'a [u8],
-    needs: Needs,
+    needs: &dyn Needs,
     parent: &mut Members<'a>,
     may_stop: bool,
+    may_need_conditions: bool,
 ) -> Read<(Option<ObjectIn<'a>>, After)> {
     let fields = &["metadata", "spec", "status"];
     read_member(
@@ -714,12 +822,13 @@ fn read_object<'a>(
                 Ok(After::Next)
             }
             _ => {
-                let annotations = object
-                    .metadata
-                    .as_ref()
-                    .and_then(|m| m.annotations.as_ref());
-                let may_stop = may_stop && !(needs.stored_annotations)(annotations);
-                let (status, after) = read_status(body, members, may_stop)?;
+                let metadata = object.metadata.as_ref();
+                let annotations = metadata.and_then(|m| m.annotations.as_ref());
+                let may_stop = may_stop && !needs.stored_annotations(annotations);
+                // Labels not read yet (metadata after status): the conditions may be needed.
+                let conditions = may_need_conditions
+                    && metadata.is_none_or(|m| needs.conditions(m.labels.as_ref()));
+                let (status, after) = read_status(body, members, may_stop, conditions)?;
                 object.status = status;
                 Ok(after)
             }
@@ -763,10 +872,24 @@ const STATUS_AFTER_QUANTITIES: &[&str] = &[
     "features",
 ];
 
-/// `status`: images, conditions, volumesAttached, ... skipped. With `may_stop`, reading stops
-/// once allocatable and capacity are read, at the value of the next member (in the API
-/// server's order they come first: a Node's status is mostly the conditions and images after
-/// them), but only if that member is one of `STATUS_AFTER_QUANTITIES`. That check is what
+/// The fields of a Node's status after `conditions`, in the API server's order.
+const STATUS_AFTER_CONDITIONS: &[&str] = &[
+    "addresses",
+    "daemonEndpoints",
+    "nodeInfo",
+    "images",
+    "volumesInUse",
+    "volumesAttached",
+    "config",
+    "runtimeHandlers",
+    "features",
+];
+
+/// `status`: images, volumesAttached, ... skipped; `conditions` read if `conditions` (quiet
+/// heartbeats), skipped otherwise. With `may_stop`, reading stops once allocatable, capacity
+/// (and the conditions, when they are read) are read, at the value of the next member (in the
+/// API server's order they come first: a Node's status is mostly the images after them), but
+/// only if that member is one of `STATUS_AFTER_QUANTITIES` (`STATUS_AFTER_CONDITIONS`). That check is what
 /// keeps a damaged map from being read as a shorter one: a `}` inserted in the last map read
 /// (`{"cpu":"4"},"memory":"8Gi",...}`) ends it early and turns its remaining quantities into
 /// members of the status, named as resources (`memory`, `pods`, `example.com/gpu`): names the
@@ -775,8 +898,11 @@ fn read_status<'a>(
     body: &'a [u8],
     parent: &mut Members<'a>,
     may_stop: bool,
+    conditions: bool,
 ) -> Read<(Option<NodeStatusIn<'a>>, After)> {
-    let fields = &["allocatable", "capacity"];
+    // `conditions` is one of the fields either way, so that a second copy is refused as the
+    // full parse refuses it.
+    let fields = &["allocatable", "capacity", "conditions"];
     read_member(
         body,
         parent,
@@ -785,27 +911,91 @@ fn read_status<'a>(
         |status: &mut NodeStatusIn<'a>, name, members| {
             match name {
                 "allocatable" => status.allocatable = str_map(body, members)?,
-                _ => status.capacity = str_map(body, members)?,
+                "capacity" => status.capacity = str_map(body, members)?,
+                _ if conditions => status.conditions = read_conditions(body, members)?,
+                _ => {
+                    members.skip_value().map_err(scan_error(body))?;
+                }
             }
             let known = status.allocatable.is_some() && status.capacity.is_some();
-            Ok(if may_stop && known {
-                After::EnoughIfNextIs(STATUS_AFTER_QUANTITIES)
-            } else {
-                After::Next
+            Ok(match (may_stop && known, conditions) {
+                (false, _) => After::Next,
+                (true, false) => After::EnoughIfNextIs(STATUS_AFTER_QUANTITIES),
+                (true, true) if status.conditions.is_some() => {
+                    After::EnoughIfNextIs(STATUS_AFTER_CONDITIONS)
+                }
+                (true, true) => After::Next,
             })
         },
     )
 }
 
-/// `oldObject.metadata.annotations`, from the oldObject whose first byte is at `start`; the
-/// index past it.
-fn read_old_object(body: &[u8], start: usize) -> Read<Option<(OldObjectIn<'_>, usize)>> {
-    let read = read_struct(
+/// `status.conditions`: an array of plainly written objects of strings without serde_json,
+/// field by field; anything else (a `null` time, a field given twice, ...) with serde_json.
+fn read_conditions<'a>(
+    body: &'a [u8],
+    members: &mut Members<'a>,
+) -> Read<Option<Vec<Condition<'a>>>> {
+    let mut conditions = Vec::with_capacity(8);
+    let plain = plain::array_in(body, members.value_start(), |at| {
+        let mut condition = Condition::default();
+        let end = plain::members_in(body, at, |key, value| condition.set(&key, value))?;
+        conditions.push(condition);
+        Some(end)
+    });
+    if let Some(end) = plain {
+        members.value_read(end);
+        return Ok(Some(conditions));
+    }
+    field(body, members)
+}
+
+/// What of `oldObject` the rules need.
+#[derive(Clone, Copy)]
+struct OldReads {
+    annotations: bool,
+    conditions: bool,
+    /// Reading may stop inside the status once the conditions are read, as in `read_status`.
+    may_stop: bool,
+}
+
+/// `oldObject.metadata.annotations` and `oldObject.status.conditions`, as `reads` asks, from
+/// the oldObject whose first byte is at `start`, and how far it was read.
+fn read_old_object(
+    body: &[u8],
+    start: usize,
+    reads: OldReads,
+) -> Read<Option<(OldObjectIn<'_>, Ended)>> {
+    let fields: &[&'static str] = match (reads.annotations, reads.conditions) {
+        (true, true) => &["metadata", "status"],
+        (false, true) => &["status"],
+        _ => &["metadata"],
+    };
+    let (conditions, may_stop) = (reads.conditions, reads.may_stop);
+    read_struct(
         body,
         start,
         "OldObjectIn",
-        &["metadata"],
-        |old: &mut OldObjectIn<'_>, _, members| {
+        fields,
+        |old: &mut OldObjectIn<'_>, name, members| {
+            if name == "status" {
+                let (status, after) = read_member(
+                    body,
+                    members,
+                    "OldStatusIn",
+                    &["conditions"],
+                    |status: &mut OldStatusIn<'_>, _, members| {
+                        status.conditions = read_conditions(body, members)?;
+                        Ok(if may_stop && conditions && status.conditions.is_some() {
+                            After::EnoughIfNextIs(STATUS_AFTER_CONDITIONS)
+                        } else {
+                            After::Next
+                        })
+                    },
+                )?;
+                old.status = status;
+                return Ok(after);
+            }
             let (metadata, _) = read_member(
                 body,
                 members,
@@ -819,9 +1009,5 @@ fn read_old_object(body: &[u8], start: usize) -> Read<Option<(OldObjectIn<'_>, u
             old.metadata = metadata;
             Ok(After::Next)
         },
-    )?;
-    // Only `read_object` stops early.
-    Ok(read.map(|(old, ended)| match ended {
-        Ended::Closed(end) | Ended::Stopped(end) => (old, end),
-    }))
+    )
 }

@@ -24,6 +24,7 @@ fn policies() -> PolicySet {
 fn settings() -> Settings {
     Settings {
         own_namespace: "kube-overcommit".into(),
+        ..Settings::default()
     }
 }
 

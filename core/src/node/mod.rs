@@ -31,11 +31,13 @@
 //! kept until the next write that differs. Resizes change capacity too; see docs/policy.md.
 
 mod annotations;
+pub mod heartbeat;
 
 use overcommit_json::StrMap;
 use serde_json::Value;
 
 use self::annotations::{Desired, KEYS, RawRecord, Recorded};
+use self::heartbeat::{Condition, HeartbeatLine, Quiet};
 use crate::Account;
 use crate::patch::{PatchOp, pointer};
 use crate::policy::{NodeChoice, PolicySet};
@@ -54,6 +56,8 @@ pub struct NodeView<'v> {
     pub annotations: Option<&'v StrMap<'v>>,
     pub allocatable: Option<&'v StrMap<'v>>,
     pub capacity: Option<&'v StrMap<'v>>,
+    /// `status.conditions`, where the review's reader read them (quiet heartbeats).
+    pub conditions: Option<&'v [Condition<'v>]>,
 }
 
 /// Why the rule could not decide; the review then fails open (allowed, no patch).
@@ -115,6 +119,11 @@ pub struct NodeDecision {
     /// Things worth a log line that did not stop the decision (unreadable annotations).
     pub notes: Vec<String>,
     pub patch: Vec<PatchOp>,
+    /// Whether a heartbeat was set back to the stored one (quiet heartbeats).
+    pub heartbeats_kept: bool,
+    /// Per condition, what happened to its heartbeat (with `Account::Full`), and under which
+    /// settings; `None` where quiet heartbeats did not apply.
+    pub heartbeats: Option<(Quiet, Vec<HeartbeatLine>)>,
 }
 
 /// What this webhook recorded for `resource`, if anything: the raw text and value, and the
@@ -132,22 +141,25 @@ fn recorded<'r>(
 }
 
 /// Decide the node's allocatable and annotations. `stored` is the node as stored (the review's
-/// oldObject on UPDATE); only its annotations are read, and only if `node` carries none.
+/// oldObject on UPDATE); its annotations are read only if `node` carries none.
 pub fn decide(
     node: &NodeView<'_>,
     stored: Option<&NodeView<'_>>,
     policies: &PolicySet,
 ) -> Result<NodeDecision, InflateError> {
-    decide_with(node, stored, policies, Account::Full)
+    decide_with(node, stored, policies, Account::Full, None)
 }
 
 /// `decide`, keeping the per-resource account only if `account` is `Full` (the answer to a
-/// review needs only the outcome and the patch).
+/// review needs only the outcome and the patch). With `quiet` (a status update, quiet
+/// heartbeats on), a node a policy selects also gets its stored heartbeats back where only
+/// they changed (`heartbeat`): read from `node` and `stored` conditions.
 pub fn decide_with(
     node: &NodeView<'_>,
     stored: Option<&NodeView<'_>>,
     policies: &PolicySet,
     account: Account,
+    quiet: Option<Quiet>,
 ) -> Result<NodeDecision, InflateError> {
     let mut notes = Vec::new();
     let carries_annotations =
@@ -241,11 +253,25 @@ pub fn decide_with(
     });
     annotation_patch(node, desired_annotations, &mut patch)?;
 
+    // Only on nodes this webhook inflates: the others' kubelets are quiet already.
+    let quiet = quiet.filter(|q| policy.is_some() && !q.refresh.is_zero());
+    let conditions = node.conditions.zip(stored.and_then(|s| s.conditions));
+    let (heartbeats_kept, heartbeats) = match (quiet, conditions) {
+        (Some(quiet), Some((incoming, stored))) => {
+            let (kept, lines) =
+                heartbeat::keep_stored(incoming, stored, quiet, account, &mut patch);
+            (kept, Some((quiet, lines)))
+        }
+        _ => (false, None),
+    };
+
     Ok(NodeDecision {
         outcome,
         resources,
         notes,
         patch,
+        heartbeats_kept,
+        heartbeats,
     })
 }
 
@@ -392,6 +418,11 @@ impl NodeDecision {
         }
         if self.resources.is_empty() {
             out.push_str("  no resource to change\n");
+        }
+        if let Some((quiet, lines)) = &self.heartbeats {
+            for line in lines {
+                out.push_str(&format!("  {}\n", line.explain(quiet.refresh)));
+            }
         }
         for note in &self.notes {
             out.push_str(&format!("  note: {note}\n"));

@@ -99,6 +99,7 @@ struct Owned {
     annotations: Option<StrMap<'static>>,
     allocatable: Option<StrMap<'static>>,
     capacity: Option<StrMap<'static>>,
+    conditions: Option<Vec<Condition<'static>>>,
 }
 
 impl Owned {
@@ -121,6 +122,9 @@ impl Owned {
             annotations: map("/metadata/annotations"),
             allocatable: map("/status/allocatable"),
             capacity: map("/status/capacity"),
+            conditions: node
+                .pointer("/status/conditions")
+                .map(|c| owned_conditions(&c.to_string())),
         }
     }
     fn view(&self) -> NodeView<'_> {
@@ -130,8 +134,24 @@ impl Owned {
             annotations: self.annotations.as_ref(),
             allocatable: self.allocatable.as_ref(),
             capacity: self.capacity.as_ref(),
+            conditions: self.conditions.as_deref(),
         }
     }
+}
+
+fn owned_conditions(json: &str) -> Vec<Condition<'static>> {
+    let owned = |c: &Option<Cow<'_, str>>| c.as_deref().map(|s| Cow::Owned(s.to_string()));
+    let read: Vec<Condition<'_>> = serde_json::from_str(json).unwrap_or_default();
+    read.iter()
+        .map(|c| Condition {
+            kind: owned(&c.kind),
+            status: owned(&c.status),
+            reason: owned(&c.reason),
+            message: owned(&c.message),
+            last_transition_time: owned(&c.last_transition_time),
+            last_heartbeat_time: owned(&c.last_heartbeat_time),
+        })
+        .collect()
 }
 
 fn decide_json(
@@ -700,12 +720,19 @@ fn patch_only_decides_as_the_full_account() {
         let owned = Owned::from_json(&case.node);
         let stored = case.stored.as_ref().map(Owned::from_json);
         let stored_view = stored.as_ref().map(Owned::view);
-        let full = decide_with(&owned.view(), stored_view.as_ref(), &set, Account::Full);
+        let full = decide_with(
+            &owned.view(),
+            stored_view.as_ref(),
+            &set,
+            Account::Full,
+            None,
+        );
         let patch_only = decide_with(
             &owned.view(),
             stored_view.as_ref(),
             &set,
             Account::PatchOnly,
+            None,
         );
         match (full, patch_only) {
             (Ok(full), Ok(patch_only)) => {
@@ -716,5 +743,123 @@ fn patch_only_decides_as_the_full_account() {
             }
             (full, patch_only) => panic!("{}: {full:?} vs {patch_only:?}", case.name),
         }
+    }
+}
+
+/// Quiet heartbeats in the node rule: only on status updates of nodes a policy selects, and the
+/// patched node fed back (as the next review of the same kubelet state) changes nothing.
+#[test]
+fn stored_heartbeats_are_kept_only_on_nodes_a_policy_selects() {
+    let set = policies(BATCH_POLICIES);
+    let conditions = |heartbeat: &str, ready: &str| {
+        json!([
+            {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory",
+             "message": "ok", "lastTransitionTime": "2026-11-20T00:00:00Z", "lastHeartbeatTime": heartbeat},
+            {"type": "Ready", "status": ready, "reason": "KubeletReady",
+             "message": "ready", "lastTransitionTime": "2026-11-20T00:00:00Z", "lastHeartbeatTime": heartbeat},
+        ])
+    };
+    let stored_time = "2026-11-24T01:59:20Z";
+    let sent_time = "2026-11-24T02:00:00Z";
+    let quiet = Some(Quiet {
+        now_ms: 1_795_485_600_000, // 2026-11-24T02:00:00Z
+        refresh: std::time::Duration::from_secs(300),
+    });
+    let status_update = |labels: Value, ready: &str| {
+        let mut stored = node(
+            labels.clone(),
+            Some(batch_annotations()),
+            batch_allocatable(),
+        );
+        stored["status"]["conditions"] = conditions(stored_time, "True");
+        let mut incoming = node(labels, Some(batch_annotations()), raw_allocatable());
+        incoming["status"]["conditions"] = conditions(sent_time, ready);
+        (incoming, stored)
+    };
+    let only_batch = policies(BATCH_CPU_ONLY);
+    let run_with = |set: &PolicySet, incoming: &Value, stored: &Value, quiet| {
+        let owned = Owned::from_json(incoming);
+        let stored = Owned::from_json(stored);
+        match decide_with(
+            &owned.view(),
+            Some(&stored.view()),
+            set,
+            Account::Full,
+            quiet,
+        ) {
+            Ok(decision) => decision,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let run = |incoming: &Value, stored: &Value, quiet| run_with(&set, incoming, stored, quiet);
+
+    // Selected, only heartbeats moved: both kept, and the result is the stored node exactly.
+    let (incoming, stored) = status_update(batch(), "True");
+    let decision = run(&incoming, &stored, quiet);
+    assert!(decision.heartbeats_kept);
+    let patched = apply(&incoming, &decision.patch);
+    assert_eq!(
+        patched, stored,
+        "the kubelet's write becomes the stored node: a no-op"
+    );
+    let again = run(&patched, &stored, quiet);
+    assert!(
+        again.patch.is_empty() && !again.heartbeats_kept,
+        "{:?}",
+        again.patch
+    );
+    let explained = decision.explain();
+    assert!(
+        explained.contains("Ready: heartbeat kept: stored 40s old, refresh 5m"),
+        "{explained}"
+    );
+
+    // A real change (Ready flipped) is stored with its new heartbeat; the unchanged condition
+    // keeps its stored one.
+    let (incoming, stored) = status_update(batch(), "False");
+    let decision = run(&incoming, &stored, quiet);
+    let patched = apply(&incoming, &decision.patch);
+    assert_eq!(
+        patched["status"]["conditions"][1]["lastHeartbeatTime"],
+        sent_time
+    );
+    assert_eq!(
+        patched["status"]["conditions"][0]["lastHeartbeatTime"],
+        stored_time
+    );
+
+    // Quiet off (None, or a zero refresh), no policy, opted out: heartbeats go through.
+    let (incoming, stored) = status_update(batch(), "True");
+    let off = quiet.map(|q| Quiet {
+        refresh: std::time::Duration::ZERO,
+        ..q
+    });
+    for (name, set, incoming, quiet) in [
+        ("quiet off", &set, incoming.clone(), None),
+        ("refresh 0", &set, incoming.clone(), off),
+        (
+            "no policy",
+            &only_batch,
+            with(incoming.clone(), "/metadata/labels", json!({"pool": "web"})),
+            quiet,
+        ),
+        (
+            "opted out",
+            &set,
+            with(
+                incoming,
+                "/metadata/labels",
+                json!({"pool": "batch", "overcommit.dev/disabled": "true"}),
+            ),
+            quiet,
+        ),
+    ] {
+        let decision = run_with(set, &incoming, &stored, quiet);
+        assert!(!decision.heartbeats_kept, "{name}");
+        let patched = apply(&incoming, &decision.patch);
+        assert_eq!(
+            patched["status"]["conditions"], incoming["status"]["conditions"],
+            "{name}"
+        );
     }
 }

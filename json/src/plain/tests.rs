@@ -235,3 +235,69 @@ fn a_string_then_a_map_is_read_as_serde_json_reads_it_or_left_to_it() {
         }
     }
 }
+
+/// Arrays of objects of strings (a node's conditions), read member by member: as serde_json
+/// reads them, or left to it.
+#[test]
+fn arrays_of_plain_objects_are_read_or_left_to_serde_json() {
+    for (text, plain) in [
+        (r#"[]"#, true),
+        (r#" [ ] "#, true),
+        (
+            r#"[{"type":"Ready","status":"True"},{"type":"Disk","status":"False"}]"#,
+            true,
+        ),
+        (r#"[ {"a":"1"} , {} ]"#, true),
+        (r#"[{"a":"1","a":"2"}]"#, true),
+        (r#"[{"a":null}]"#, false),
+        (r#"[{"a":"1"},]"#, false),
+        (r#"[{"a":"1"}"#, false),
+        (r#"["a"]"#, false),
+        (r#"{"a":"1"}"#, false),
+    ] {
+        let start = text.len() - text.trim_start().len();
+        let body = text.as_bytes();
+        let mut ours: Vec<Vec<(String, String)>> = Vec::new();
+        let end = array_in(body, start, |at| {
+            let mut members = Vec::new();
+            let end = members_in(body, at, |key, value| {
+                members.push((key.into_owned(), value.into_owned()));
+                Some(())
+            })?;
+            ours.push(members);
+            Some(end)
+        });
+        assert_eq!(end.is_some(), plain, "{text}");
+        if let Some(end) = end {
+            assert_eq!(end, text.trim_end().len(), "{text}");
+            let serde: Vec<serde_json::Map<String, serde_json::Value>> =
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let serde: Vec<Vec<(String, String)>> = serde
+                .iter()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                        .collect()
+                })
+                .collect();
+            // serde_json's map keeps the last of a key given twice; the members come in order.
+            let last: Vec<Vec<(String, String)>> = ours
+                .iter()
+                .map(|members| {
+                    let mut kept: Vec<(String, String)> = Vec::new();
+                    for (k, v) in members {
+                        kept.retain(|(kk, _)| kk != k);
+                        kept.push((k.clone(), v.clone()));
+                    }
+                    kept.sort();
+                    kept
+                })
+                .collect();
+            let mut serde = serde;
+            serde.iter_mut().for_each(|m| m.sort());
+            assert_eq!(last, serde, "{text}");
+        }
+    }
+    // `element` may refuse: the array is then left to serde_json.
+    assert_eq!(array_in(br#"[{"a":"1"}]"#, 0, |_| None), None);
+}
