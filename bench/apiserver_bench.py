@@ -26,8 +26,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from common import (KCP, KUBELET_UPDATE_S, OUT, PHASES, REPORT_FREQUENCY_S, ROOT, apiserver_markdown, make_servers,
-                    payload_path, quantity, wait_for, wait_ready)
+from common import (KCP, KUBELET_UPDATE_S, OUT, PHASES, QUIET_PHASE, REPORT_FREQUENCY_S, ROOT, Server, apiserver_markdown,
+                    make_servers, payload_path, quantity, wait_for, wait_ready)
 
 NAMESPACE = "overcommit-bench"
 SERVICE = "kube-overcommit-bench"
@@ -253,6 +253,15 @@ def fleet_inflated(api: Api) -> bool:
     return bool(nodes) and all(quantity(n["status"]["allocatable"]["cpu"]) > quantity(n["status"]["capacity"]["cpu"]) for n in nodes)
 
 
+def quiet_variants(product: Server) -> dict[str, Server]:
+    """kube-overcommit without quiet heartbeats (the "kube-overcommit" phase, which shows what the
+    overcommit itself costs) and with them, refreshing at the fake kubelets' report frequency."""
+    product.argv = [*product.argv, "--heartbeat-refresh", "0"]
+    quiet = [a.replace("18443", "18446").replace("18080", "18086") for a in product.argv[:-2]]
+    quiet += ["--heartbeat-refresh", f"{REPORT_FREQUENCY_S}s"]
+    return {QUIET_PHASE: Server(QUIET_PHASE, quiet, 18446, dict(product.paths))}
+
+
 def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_UPDATE_S) -> dict:
     """`update_s`: each fake kubelet's status update frequency; the lease duration scales with it
     (renewed every quarter). Above the kubelet's 10 s a large fleet puts the write load of a
@@ -272,6 +281,7 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
         subprocess.run([str(KCP), "up"], check=True)
         cluster_started = True
     servers = {s.name: s for s in make_servers(bins, tls, max_seconds=3600) if s.name in PHASES}
+    servers.update(quiet_variants(servers["kube-overcommit"]))
     for s in servers.values():
         s.start()
     fleet = None
