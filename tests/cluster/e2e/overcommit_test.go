@@ -71,24 +71,7 @@ func TestOvercommit(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	in, err := install.Install(ctx, c, install.Options{Replicas: 2, CRD: install.DefaultCRD(), SecretDelay: time.Second,
-		Args: []string{"--lease-ttl=4s", "--lease-renew=1s", "--check-interval=1s", "--shutdown-grace=5s"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, p := range in.LogPaths() {
-				tailLog(t, p, 40)
-			}
-		}
-		if err := in.Uninstall(context.Background(), false); err != nil {
-			t.Error(err)
-		}
-	})
-	if err := in.WaitBootstrapped(ctx, 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	in := installReplicas(t, ctx, c, ocServeArgs...)
 	t.Logf("installed: %s (%.1fs)", in.Summary(), time.Since(start).Seconds())
 
 	// Status writes every second; an unchanged (not inflated) node still reports every 3 s, so
@@ -351,6 +334,34 @@ func TestOvercommit(t *testing.T) {
 		t.Fatalf("reviews: %v failed open, %v node and %v pod reviews patched", failedOpen, nodePatched, podPatched)
 	}
 	t.Logf("TestOvercommit done in %.1fs", time.Since(start).Seconds())
+}
+
+// ocServeArgs: fast leader election and certificate checks, a short shutdown.
+var ocServeArgs = []string{"--lease-ttl=4s", "--lease-renew=1s", "--check-interval=1s", "--shutdown-grace=5s"}
+
+// installReplicas installs 2 replicas of the binary with the CRD on the test's own control
+// plane, waits until they are bootstrapped, and uninstalls them at the end (their logs shown
+// when the test failed).
+func installReplicas(t *testing.T, ctx context.Context, c *harness.Cluster, args ...string) *install.Installation {
+	t.Helper()
+	in, err := install.Install(ctx, c, install.Options{Replicas: 2, CRD: install.DefaultCRD(), SecretDelay: time.Second, Args: args})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range in.LogPaths() {
+				tailLog(t, p, 40)
+			}
+		}
+		if err := in.Uninstall(context.Background(), false); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := in.WaitBootstrapped(ctx, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return in
 }
 
 // ocNamespace creates a namespace of this test's control plane (deleted at the end).

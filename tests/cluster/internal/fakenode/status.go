@@ -6,6 +6,7 @@ package fakenode
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"sort"
 
@@ -63,8 +64,8 @@ func NewNode(name string, shape Shape, now metav1.Time) *corev1.Node {
 }
 
 // SetStatus computes the status the kubelet would report, on top of the stored node: resources,
-// conditions with a fresh heartbeat (transition time kept when the status did not change),
-// node info, images, addresses.
+// conditions with a fresh heartbeat (healthy unless ConditionsAnnotation on n says otherwise;
+// transition time kept when the status did not change), node info, images, addresses.
 func SetStatus(n *corev1.Node, shape Shape, now metav1.Time) {
 	n.Status.Capacity = shape.Capacity.DeepCopy()
 	n.Status.Allocatable = shape.Allocatable.DeepCopy()
@@ -88,10 +89,63 @@ func SetStatus(n *corev1.Node, shape Shape, now metav1.Time) {
 		Architecture:            "amd64",
 	}
 	n.Status.Images = imageList(shape.Images)
-	setCondition(n, corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "kubelet has sufficient memory available", now)
-	setCondition(n, corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "kubelet has no disk pressure", now)
-	setCondition(n, corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "kubelet has sufficient PID available", now)
-	setCondition(n, corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "kubelet is posting ready status", now)
+	scripted := scriptedConditions(n.Annotations[ConditionsAnnotation])
+	for _, c := range kubeletConditions {
+		status := c.healthy
+		if s, ok := scripted[c.kind]; ok {
+			if _, known := c.text[s]; known {
+				status = s
+			}
+		}
+		text := c.text[status]
+		setCondition(n, c.kind, status, text.reason, text.message, now)
+	}
+}
+
+// ConditionsAnnotation scripts a fake node's conditions for tests: a JSON object of condition
+// type -> status, e.g. {"MemoryPressure":"True"}. The fake kubelet reads it from the stored
+// Node at each status sync (where a kubelet reads its eviction signals) and reports those
+// statuses with the kubelet's reasons and messages; a condition not named, a status the kubelet
+// never reports for it, or a value that is not such an object leaves the healthy report.
+const ConditionsAnnotation = "kcp.overcommit.dev/conditions"
+
+type conditionText struct{ reason, message string }
+
+// kubeletConditions are the conditions a kubelet reports, in its order, with its texts per
+// status (pkg/kubelet/nodestatus/setters.go).
+var kubeletConditions = []struct {
+	kind    corev1.NodeConditionType
+	healthy corev1.ConditionStatus
+	text    map[corev1.ConditionStatus]conditionText
+}{
+	{corev1.NodeMemoryPressure, corev1.ConditionFalse, map[corev1.ConditionStatus]conditionText{
+		corev1.ConditionFalse: {"KubeletHasSufficientMemory", "kubelet has sufficient memory available"},
+		corev1.ConditionTrue:  {"KubeletHasInsufficientMemory", "kubelet has insufficient memory available"},
+	}},
+	{corev1.NodeDiskPressure, corev1.ConditionFalse, map[corev1.ConditionStatus]conditionText{
+		corev1.ConditionFalse: {"KubeletHasNoDiskPressure", "kubelet has no disk pressure"},
+		corev1.ConditionTrue:  {"KubeletHasDiskPressure", "kubelet has disk pressure"},
+	}},
+	{corev1.NodePIDPressure, corev1.ConditionFalse, map[corev1.ConditionStatus]conditionText{
+		corev1.ConditionFalse: {"KubeletHasSufficientPID", "kubelet has sufficient PID available"},
+		corev1.ConditionTrue:  {"KubeletHasInsufficientPID", "kubelet has insufficient PID available"},
+	}},
+	{corev1.NodeReady, corev1.ConditionTrue, map[corev1.ConditionStatus]conditionText{
+		corev1.ConditionTrue:  {"KubeletReady", "kubelet is posting ready status"},
+		corev1.ConditionFalse: {"KubeletNotReady", "scripted by " + ConditionsAnnotation},
+	}},
+}
+
+// scriptedConditions parses ConditionsAnnotation's value; nil when absent or malformed.
+func scriptedConditions(value string) map[corev1.NodeConditionType]corev1.ConditionStatus {
+	if value == "" {
+		return nil
+	}
+	var out map[corev1.NodeConditionType]corev1.ConditionStatus
+	if err := json.Unmarshal([]byte(value), &out); err != nil {
+		return nil
+	}
+	return out
 }
 
 func setCondition(n *corev1.Node, t corev1.NodeConditionType, s corev1.ConditionStatus, reason, msg string, now metav1.Time) {

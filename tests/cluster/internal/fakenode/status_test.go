@@ -56,3 +56,67 @@ func TestSetStatusKeepsTransitionTime(t *testing.T) {
 		t.Errorf("images not 50 sorted by size")
 	}
 }
+
+func TestScriptedConditions(t *testing.T) {
+	t0 := metav1.NewTime(time.Unix(1000, 0))
+	stored := NewNode("n", shape(), t0)
+	condition := func(n *corev1.Node, kind corev1.NodeConditionType) corev1.NodeCondition {
+		for _, c := range n.Status.Conditions {
+			if c.Type == kind {
+				return c
+			}
+		}
+		t.Fatalf("no %s condition", kind)
+		return corev1.NodeCondition{}
+	}
+	cases := []struct {
+		name, annotation string
+		want             map[corev1.NodeConditionType]corev1.ConditionStatus
+		reason           string // of MemoryPressure
+	}{
+		{"none", "", nil, "KubeletHasSufficientMemory"},
+		{"memory pressure", `{"MemoryPressure":"True"}`,
+			map[corev1.NodeConditionType]corev1.ConditionStatus{corev1.NodeMemoryPressure: corev1.ConditionTrue}, "KubeletHasInsufficientMemory"},
+		{"not ready and disk pressure", `{"Ready":"False","DiskPressure":"True"}`,
+			map[corev1.NodeConditionType]corev1.ConditionStatus{corev1.NodeReady: corev1.ConditionFalse, corev1.NodeDiskPressure: corev1.ConditionTrue}, "KubeletHasSufficientMemory"},
+		{"status a kubelet never reports", `{"MemoryPressure":"Unknown","Ready":"Maybe"}`, nil, "KubeletHasSufficientMemory"},
+		{"not an object", `MemoryPressure=True`, nil, "KubeletHasSufficientMemory"},
+	}
+	healthy := map[corev1.NodeConditionType]corev1.ConditionStatus{
+		corev1.NodeMemoryPressure: corev1.ConditionFalse, corev1.NodeDiskPressure: corev1.ConditionFalse,
+		corev1.NodePIDPressure: corev1.ConditionFalse, corev1.NodeReady: corev1.ConditionTrue,
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			n := stored.DeepCopy()
+			if c.annotation != "" {
+				n.Annotations[ConditionsAnnotation] = c.annotation
+			}
+			t1 := metav1.NewTime(t0.Add(10 * time.Second))
+			SetStatus(n, shape(), t1)
+			for kind, want := range healthy {
+				if s, ok := c.want[kind]; ok {
+					want = s
+				}
+				got := condition(n, kind)
+				if got.Status != want || !got.LastHeartbeatTime.Equal(&t1) {
+					t.Errorf("%s: status %s heartbeat %v, want %s at %v", kind, got.Status, got.LastHeartbeatTime, want, t1)
+				}
+				// A changed status is a transition now; an unchanged one keeps its time.
+				wantTransition := t0
+				if want != healthy[kind] {
+					wantTransition = t1
+				}
+				if !got.LastTransitionTime.Equal(&wantTransition) {
+					t.Errorf("%s: transition %v, want %v", kind, got.LastTransitionTime, wantTransition)
+				}
+			}
+			if got := condition(n, corev1.NodeMemoryPressure).Reason; got != c.reason {
+				t.Errorf("MemoryPressure reason %q, want %q", got, c.reason)
+			}
+			if changed := StatusChanged(&stored.Status, &n.Status); changed != (len(c.want) > 0) {
+				t.Errorf("StatusChanged = %v with %d scripted changes", changed, len(c.want))
+			}
+		})
+	}
+}
