@@ -23,6 +23,7 @@ use serde::de::IgnoredAny;
 use serde_json::{Map, Value};
 
 use overcommit_json::StrMap;
+use overcommit_json::borrowed;
 
 use crate::Account;
 use crate::patch::{PatchOp, pointer};
@@ -47,11 +48,7 @@ pub struct PodSpecIn<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ContainerIn<'a> {
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     pub name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub resources: Option<ResourcesIn<'a>>,
@@ -59,17 +56,9 @@ pub struct ContainerIn<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourcesIn<'a> {
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str_map"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
     pub requests: Option<StrMap<'a>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str_map"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
     pub limits: Option<StrMap<'a>>,
 }
 

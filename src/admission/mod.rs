@@ -34,6 +34,7 @@ use overcommit_core::pod::{self, PodDecision, PodSpecIn};
 use overcommit_core::policy::NodeChoice;
 use overcommit_core::policy::PolicySet;
 use overcommit_json::StrMap;
+use overcommit_json::borrowed;
 
 /// Settings that are not policies (namespace of the webhook itself, ...).
 #[derive(Debug, Clone, Default)]
@@ -169,39 +170,19 @@ fn object_prefix(object: &str) -> String {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct RequestIn<'a> {
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     uid: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     kind: Option<KindIn<'a>>,
     #[serde(borrow, default)]
     resource: Option<ResourceIn<'a>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     sub_resource: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     name: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     namespace: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     operation: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     object: Option<ObjectIn<'a>>,
@@ -211,33 +192,17 @@ struct RequestIn<'a> {
 
 #[derive(Deserialize, Default)]
 struct KindIn<'a> {
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     group: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     kind: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize, Default)]
 struct ResourceIn<'a> {
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     group: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     resource: Option<Cow<'a, str>>,
 }
 
@@ -269,49 +234,25 @@ struct OldStatusIn<'a> {
 
 #[derive(Deserialize, Default)]
 struct MetaIn<'a> {
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     namespace: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str_map"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
     labels: Option<StrMap<'a>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str_map"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
     annotations: Option<StrMap<'a>>,
 }
 
 #[derive(Deserialize, Default)]
 struct OldMetaIn<'a> {
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str_map"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
     annotations: Option<StrMap<'a>>,
 }
 
 #[derive(Deserialize, Default)]
 struct NodeStatusIn<'a> {
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str_map"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
     allocatable: Option<StrMap<'a>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str_map"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
     capacity: Option<StrMap<'a>>,
     #[serde(borrow, default)]
     conditions: Option<Vec<Condition<'a>>>,
@@ -451,13 +392,9 @@ fn panicked(body: &[u8]) -> Handled {
     }
     #[derive(Deserialize)]
     struct Request<'a> {
-        #[serde(borrow, deserialize_with = "overcommit_json::borrowed::str")]
+        #[serde(borrow, deserialize_with = "borrowed::str")]
         uid: Cow<'a, str>,
-        #[serde(
-            borrow,
-            default,
-            deserialize_with = "overcommit_json::borrowed::option_str"
-        )]
+        #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
         operation: Option<Cow<'a, str>>,
     }
     let request = serde_json::from_slice::<Review<'_>>(body)

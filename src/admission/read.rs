@@ -104,6 +104,7 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Visitor};
 
 use overcommit_json::StrMap;
+use overcommit_json::borrowed;
 use overcommit_json::plain;
 use overcommit_json::scan::{self, Code, Members, ScanError};
 
@@ -203,10 +204,7 @@ fn field<'a, T: Deserialize<'a>>(body: &'a [u8], members: &mut Members<'a>) -> R
 /// A string field, borrowed from the body when it has no escapes.
 #[derive(Deserialize)]
 #[serde(transparent)]
-struct Text<'a>(
-    #[serde(borrow, deserialize_with = "overcommit_json::borrowed::option_str")]
-    Option<Cow<'a, str>>,
-);
+struct Text<'a>(#[serde(borrow, deserialize_with = "borrowed::option_str")] Option<Cow<'a, str>>);
 
 fn text<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<Cow<'a, str>>> {
     if let Some((text, end)) = plain::string_in(body, members.value_start()) {
@@ -219,10 +217,7 @@ fn text<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<Cow<'a, st
 /// A map of strings (labels, annotations, quantities), borrowed from the body where it can be.
 #[derive(Deserialize)]
 #[serde(transparent)]
-struct Map<'a>(
-    #[serde(borrow, deserialize_with = "overcommit_json::borrowed::option_str_map")]
-    Option<StrMap<'a>>,
-);
+struct Map<'a>(#[serde(borrow, deserialize_with = "borrowed::option_str_map")] Option<StrMap<'a>>);
 
 fn str_map<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<StrMap<'a>>> {
     if let Some((map, end)) = plain::map_in(body, members.value_start()) {
@@ -872,18 +867,8 @@ const STATUS_AFTER_QUANTITIES: &[&str] = &[
     "features",
 ];
 
-/// The fields of a Node's status after `conditions`, in the API server's order.
-const STATUS_AFTER_CONDITIONS: &[&str] = &[
-    "addresses",
-    "daemonEndpoints",
-    "nodeInfo",
-    "images",
-    "volumesInUse",
-    "volumesAttached",
-    "config",
-    "runtimeHandlers",
-    "features",
-];
+/// The fields of a Node's status after `conditions`.
+const STATUS_AFTER_CONDITIONS: &[&str] = STATUS_AFTER_QUANTITIES.split_at(2).1;
 
 /// `status`: images, volumesAttached, ... skipped; `conditions` read if `conditions` (quiet
 /// heartbeats), skipped otherwise. With `may_stop`, reading stops once allocatable, capacity

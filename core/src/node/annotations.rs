@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use overcommit_json::{StrMap, VecMap, plain};
+use overcommit_json::{StrMap, VecMap, borrowed, plain};
 use serde::{Deserialize, Serialize};
 
 use crate::policy::CompiledPolicy;
@@ -72,22 +72,16 @@ impl Recorded<'_> {
 #[derive(Debug, Deserialize)]
 struct AppliedIn<'a> {
     /// Not used, but required (an annotation without it is unreadable).
-    #[serde(
-        rename = "policy",
-        borrow,
-        deserialize_with = "overcommit_json::borrowed::str"
-    )]
+    #[serde(rename = "policy", borrow, deserialize_with = "borrowed::str")]
     _policy: Cow<'a, str>,
-    #[serde(borrow, deserialize_with = "overcommit_json::borrowed::str_map")]
+    #[serde(borrow, deserialize_with = "borrowed::str_map")]
     ratios: StrMap<'a>,
 }
 
 /// The `overcommit.dev/raw-allocatable` map, as read back (borrowed from the annotation).
 #[derive(Deserialize)]
 #[serde(transparent)]
-struct RawIn<'a>(
-    #[serde(borrow, deserialize_with = "overcommit_json::borrowed::str_map")] StrMap<'a>,
-);
+struct RawIn<'a>(#[serde(borrow, deserialize_with = "borrowed::str_map")] StrMap<'a>);
 
 /// Read both annotations back. Both must be there and readable, or neither counts.
 pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, AnnotationError> {

@@ -20,6 +20,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use overcommit_json::borrowed;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -35,38 +36,18 @@ pub struct Condition<'a> {
         rename = "type",
         borrow,
         default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
+        deserialize_with = "borrowed::option_str"
     )]
     pub kind: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     pub status: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     pub reason: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     pub message: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     pub last_transition_time: Option<Cow<'a, str>>,
-    #[serde(
-        borrow,
-        default,
-        deserialize_with = "overcommit_json::borrowed::option_str"
-    )]
+    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
     pub last_heartbeat_time: Option<Cow<'a, str>>,
 }
 
