@@ -161,8 +161,6 @@ func localRun(o localOptions) (broken []string, err error) {
 			"KUBE_OVERCOMMIT_LEASE_TTL=" + secs(o.leaseTTL),
 			"KUBE_OVERCOMMIT_LEASE_RENEW=" + secs(o.leaseRenew),
 			"KUBE_OVERCOMMIT_WEBHOOK_TIMEOUT_SECONDS=" + strconv.Itoa(o.webhookTimeout),
-			// Quiet heartbeats on (off by default): the invariants hold with them too.
-			"KUBE_OVERCOMMIT_HEARTBEAT_REFRESH=5m",
 		},
 	})
 	if err != nil {
