@@ -536,16 +536,12 @@ fn read_request<'a>(
                     && classify(request.kind.as_ref(), request.resource.as_ref())
                         == ReviewResource::Node;
                 let conditions = may_need_conditions(&request);
-                let read = read_object(body, needs, &mut members, may_stop, conditions);
-                let value = keep_value(
-                    body,
-                    Some(&mut members),
-                    member.value_start,
-                    object_error,
-                    read,
-                )?;
-                if let Some((object, after)) = value {
-                    request.object = object;
+                let object = |members: &mut Members<'a>, object_error: &mut _, may_stop| {
+                    let read = read_object(body, needs, members, may_stop, conditions);
+                    keep_value(body, Some(members), member.value_start, object_error, read)
+                };
+                if let Some((object_read, after)) = object(&mut members, object_error, may_stop)? {
+                    request.object = object_read;
                     if let (After::Stopped(at), Some(unread_from)) = (after, unread_from.as_mut()) {
                         if !needs_stored_conditions(&request, needs) {
                             **unread_from = Some(at);
@@ -558,16 +554,8 @@ fn read_request<'a>(
                             }
                             // Not as the API server writes it: the object is read whole.
                             None => {
-                                let read =
-                                    read_object(body, needs, &mut members, false, conditions);
-                                let value = keep_value(
-                                    body,
-                                    Some(&mut members),
-                                    member.value_start,
-                                    object_error,
-                                    read,
-                                )?;
-                                request.object = value.and_then(|(object, _)| object);
+                                let whole = object(&mut members, object_error, false)?;
+                                request.object = whole.and_then(|(object_read, _)| object_read);
                             }
                         }
                     }
