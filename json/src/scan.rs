@@ -371,6 +371,17 @@ impl<'a> Members<'a> {
         }
     }
 
+    /// The members of an object that follow a member whose value ends just before `pos`.
+    pub fn after_value(body: &'a [u8], pos: usize) -> Self {
+        Members {
+            body,
+            pos,
+            pending: None,
+            first: false,
+            done: false,
+        }
+    }
+
     /// The index just past the closing `}` (once `next_member` has returned `None`).
     pub fn end(&self) -> usize {
         self.pos

@@ -648,12 +648,15 @@ struct Unread {
     /// The object's status after its conditions, jumped over (quiet heartbeats); the object's
     /// closing brace and what follows are checked by the jump, so they are not in it.
     middle: Option<Range<usize>>,
+    /// The stored node before its conditions, jumped over (quiet heartbeats).
+    stored_head: Option<Range<usize>>,
 }
 
 fn unread(body: &[u8], set: &Rules) -> Unread {
     Unread {
         from: read::unread_from(body, &set.needs()),
         middle: read::unread_middle(body, &set.needs()),
+        stored_head: read::unread_stored_head(body, &set.needs()),
     }
 }
 
@@ -695,10 +698,9 @@ fn check_damaged(
         }
         return;
     }
-    let in_middle = unread
-        .middle
-        .as_ref()
-        .is_some_and(|middle| middle.contains(&damage.start));
+    let in_middle = [&unread.middle, &unread.stored_head]
+        .iter()
+        .any(|span| span.as_ref().is_some_and(|s| s.contains(&damage.start)));
     if unread.from.is_some_and(|from| damage.start >= from) || in_middle {
         tally.unread_tail += 1;
         assert!(
@@ -1047,6 +1049,17 @@ fn quiet_heartbeats_jump_over_the_object_to_the_stored_conditions() {
         .rfind("\"addresses\":")
         .map(|at| at + "\"addresses\":".len());
     assert_eq!(from, old_addresses, "stops after the stored conditions");
+    let old_object = text
+        .find("\"oldObject\":")
+        .map(|at| at + "\"oldObject\":".len());
+    let old_conditions = text
+        .rfind("\"conditions\":[")
+        .map(|at| at + "\"conditions\":".len());
+    assert_eq!(
+        read::unread_stored_head(body, &quiet_rules.needs()).map(|m| (m.start, m.end)),
+        old_object.zip(old_conditions),
+        "the stored node before its conditions is jumped over"
+    );
 
     // Damage or a duplicate in the jumped-over part is not seen (the documented tolerance).
     let images = text.find("\"images\":").unwrap_or_default();
@@ -1094,4 +1107,77 @@ fn quiet_heartbeats_jump_over_the_object_to_the_stored_conditions() {
         assert_identical("55k", body, bench_quiet).outcome,
         Outcome::Patched
     );
+}
+
+#[test]
+fn object_conditions_are_compared_with_the_stored_ones_where_only_heartbeats_differ() {
+    // The object's conditions are taken from the stored node's (read ahead) when the two arrays
+    // are the same bytes but for the heartbeat times; any other difference, or a time written
+    // another way, reads them as any other array. Either way the answer is the full parse's.
+    let sets = policy_sets();
+    let (_, quiet_rules) = &sets[3];
+    let text = String::from_utf8_lossy(FIXTURES[0].1).into_owned();
+    let positions = |text: &str| {
+        let object = text.find("\"object\":{").map(|at| at + "\"object\":".len());
+        let conditions = text
+            .find("\"conditions\":[")
+            .map(|at| at + "\"conditions\":".len());
+        object
+            .zip(conditions)
+            .unwrap_or_else(|| panic!("fixture without object or conditions"))
+    };
+    let compared = |text: &str| {
+        let (object, conditions) = positions(text);
+        read::conditions_compared(text.as_bytes(), object, conditions)
+    };
+    let stored = "\"lastHeartbeatTime\":\"2026-11-21T20:58:10Z\"";
+    let (object, conditions) = positions(&text);
+    let first_heartbeat = text[conditions..]
+        .find("\"lastHeartbeatTime\":\"")
+        .map(|at| conditions + at);
+    let Some(first_heartbeat) = first_heartbeat else {
+        panic!("fixture without heartbeats");
+    };
+    assert!(object < first_heartbeat);
+    // As the kubelet sends it: new times.
+    let newer = |text: &str, time: &str| {
+        let mut out = text.to_string();
+        let at = first_heartbeat + "\"lastHeartbeatTime\":\"".len();
+        let end = out[at..].find('"').map(|k| at + k).unwrap_or(at);
+        out.replace_range(at..end, time);
+        out
+    };
+    let times = [
+        ("a new heartbeat", "2026-11-21T20:59:50Z", true),
+        (
+            "a longer heartbeat",
+            "2026-11-21T20:59:50.123456+01:00",
+            true,
+        ),
+        ("an empty heartbeat", "", true),
+        ("an escaped heartbeat", "2026-11-21T20:59:50\\u005a", false),
+        ("a heartbeat with a space", "2026-11-21 20:59:50Z", false),
+    ];
+    let mut cases: Vec<(&str, String, bool)> = times
+        .iter()
+        .map(|&(name, time, expected)| (name, newer(&text, time), expected))
+        .collect();
+    cases.push(("as sent", text.clone(), true));
+    let mut changed = text.clone();
+    let message = changed[conditions..].find("\"message\":\"");
+    changed.insert_str(message.map_or(conditions, |k| conditions + k + 11), "now ");
+    cases.push(("a changed message", changed, false));
+    for (name, body, expected) in cases {
+        assert_eq!(compared(&body).is_some(), expected, "{name}");
+        assert_identical(name, body.as_bytes(), quiet_rules);
+    }
+    assert!(text.contains(stored));
+    let times = compared(&newer(&text, "2026-11-21T20:59:50Z")).unwrap_or_default();
+    assert_eq!(
+        times.first(),
+        Some(&Some("2026-11-21T20:59:50Z".to_string()))
+    );
+    // The 55 KB payload takes the same path.
+    let text = String::from_utf8_lossy(FIXTURES[5].1).into_owned();
+    assert!(compared(&text).is_some());
 }

@@ -86,6 +86,18 @@
 //!   next member's name. In any other order (fields the decision needs after them, pod
 //!   reviews, node reviews without the annotations, a data error in the object) the whole
 //!   body is read.
+//! - **Quiet heartbeats.** A status update of a node whose heartbeats may be kept needs both
+//!   nodes' conditions. When the object's `conditions` are reached, the stored node's are read
+//!   first, ahead of where the reader is (`look_ahead`): `oldObject` is found by its text
+//!   (`jump_to_old_object`, looked for first around where the object's size puts it), its
+//!   conditions by theirs, and read strictly. If the object's array is the same bytes but for
+//!   the heartbeat times, its conditions are the stored ones with its own times (a kubelet's
+//!   PATCH mostly is just that); otherwise it is read as any other array. Then two spans are
+//!   jumped over, not read: the object's status after its conditions (up to `oldObject`), and
+//!   the stored node before its conditions; reading stops at the value of the stored status's
+//!   member after them. Both spans are tolerated like the unread tail (damage there does not
+//!   change the answer), and a body written any other way than the API server writes it (a
+//!   space before `oldObject`, another order) is read whole.
 //! - **No array form of structs.** serde's derive also accepts a struct written as a JSON array
 //!   of its fields in order (`["admission.k8s.io/v1","AdmissionReview",{...}]`); this reader
 //!   wants objects at the walked levels (400 for the envelope, fail open for the object).
@@ -188,14 +200,17 @@ fn serde_error(e: &serde_json::Error, body: &[u8], offset: usize) -> ReadError {
 /// The current member's value, read with serde_json straight from the body (one pass: serde
 /// finds its end).
 fn field<'a, T: Deserialize<'a>>(body: &'a [u8], members: &mut Members<'a>) -> Read<T> {
-    let start = members.value_start();
+    let (value, end) = value_at(body, members.value_start())?;
+    members.value_read(end);
+    Ok(value)
+}
+
+/// The value starting at `start`, read with serde_json, and the index past it.
+fn value_at<'a, T: Deserialize<'a>>(body: &'a [u8], start: usize) -> Read<(T, usize)> {
     let mut values =
         serde_json::Deserializer::from_slice(body.get(start..).unwrap_or_default()).into_iter();
     match values.next() {
-        Some(Ok(value)) => {
-            members.value_read(start + values.byte_offset());
-            Ok(value)
-        }
+        Some(Ok(value)) => Ok((value, start + values.byte_offset())),
         Some(Err(e)) => Err(serde_error(&e, body, start)),
         None => Err(scan_error(body)(ScanError::at(Code::EofValue, body.len()))),
     }
@@ -311,9 +326,17 @@ struct Review<'a> {
     /// member after the maps and conditions it reads, or of `oldObject`); the bytes from here on
     /// were not read.
     unread_from: Option<usize>,
-    /// Bytes of the object's status after its conditions, jumped over to reach `oldObject`
-    /// (quiet heartbeats: `jump_to_old_object`); not read.
-    unread_middle: Option<Range<usize>>,
+    /// What was jumped over on the way to the stored conditions (quiet heartbeats); not read.
+    jumped: Jumped,
+}
+
+/// Spans of the body jumped over on the way to the stored conditions (quiet heartbeats).
+#[derive(Default)]
+struct Jumped {
+    /// The object's status after its conditions, up to `oldObject` (`jump_to_old_object`).
+    object_rest: Option<Range<usize>>,
+    /// The stored node before its conditions (`stored_node_ahead`).
+    stored_head: Option<Range<usize>>,
 }
 
 /// Where `parse` stops reading `body` (the tolerance of the unread tail), if it stops early.
@@ -329,7 +352,35 @@ pub(super) fn unread_from(body: &[u8], needs: &dyn Needs) -> Option<usize> {
 pub(super) fn unread_middle(body: &[u8], needs: &dyn Needs) -> Option<Range<usize>> {
     read_review(body, needs)
         .ok()
-        .and_then(|review| review.unread_middle)
+        .and_then(|review| review.jumped.object_rest)
+}
+
+/// What `parse` jumps over in the stored node on its way to its conditions, if anything.
+#[cfg(test)]
+pub(super) fn unread_stored_head(body: &[u8], needs: &dyn Needs) -> Option<Range<usize>> {
+    read_review(body, needs)
+        .ok()
+        .and_then(|review| review.jumped.stored_head)
+}
+
+/// Whether the object's conditions (the array at `start`, in the object whose value starts at
+/// `object_start`) are taken from the stored node's by comparison (`look_ahead`), and their
+/// heartbeat times if so.
+#[cfg(test)]
+pub(super) fn conditions_compared(
+    body: &[u8],
+    object_start: usize,
+    start: usize,
+) -> Option<Vec<Option<String>>> {
+    let mut ahead = Ahead {
+        object_start,
+        ..Ahead::default()
+    };
+    let (conditions, _) = look_ahead(body, start, &mut ahead)?;
+    let times = conditions
+        .iter()
+        .map(|c| c.last_heartbeat_time.as_deref().map(str::to_string));
+    Some(times.collect())
 }
 
 /// Read a review body: the decision's input, a review to fail open, or a 400.
@@ -374,7 +425,7 @@ fn read_review<'a>(body: &'a [u8], needs: &dyn Needs) -> Read<Review<'a>> {
         request: None,
         object_error: None,
         unread_from: None,
-        unread_middle: None,
+        jumped: Jumped::default(),
     };
     let mut seen = Seen::default();
     while let Some(member) = members.next_member().map_err(scan_error(body))? {
@@ -397,7 +448,7 @@ fn read_review<'a>(body: &'a [u8], needs: &dyn Needs) -> Read<Review<'a>> {
                     &mut members,
                     member.value_start,
                     envelope_known.then_some(&mut review.unread_from),
-                    &mut review.unread_middle,
+                    &mut review.jumped,
                     &mut review.object_error,
                 )?
                 .map(Box::new);
@@ -471,7 +522,7 @@ fn read_request<'a>(
     parent: &mut Members<'a>,
     start: usize,
     mut unread_from: Option<&mut Option<usize>>,
-    unread_middle: &mut Option<Range<usize>>,
+    jumped: &mut Jumped,
     object_error: &mut Option<String>,
 ) -> Read<Option<RequestIn<'a>>> {
     let Some(mut members) = struct_members(body, start, "RequestIn")? else {
@@ -479,6 +530,7 @@ fn read_request<'a>(
     };
     let mut request = RequestIn::default();
     let mut old_object = None;
+    let mut ahead = Ahead::default();
     let mut seen = Seen::default();
     while let Some(member) = members.next_member().map_err(scan_error(body))? {
         let key_end = member.key_end;
@@ -536,25 +588,32 @@ fn read_request<'a>(
                     && classify(request.kind.as_ref(), request.resource.as_ref())
                         == ReviewResource::Node;
                 let conditions = may_need_conditions(&request);
-                let object = |members: &mut Members<'a>, object_error: &mut _, may_stop| {
-                    let read = read_object(body, needs, members, may_stop, conditions);
+                ahead.object_start = member.value_start;
+                let object = |members: &mut Members<'a>,
+                              object_error: &mut _,
+                              ahead: &mut Ahead<'a>,
+                              may_stop| {
+                    let ahead = conditions.then_some(ahead);
+                    let read = read_object(body, needs, members, may_stop, ahead);
                     keep_value(body, Some(members), member.value_start, object_error, read)
                 };
-                if let Some((object_read, after)) = object(&mut members, object_error, may_stop)? {
+                let read = object(&mut members, object_error, &mut ahead, may_stop)?;
+                if let Some((object_read, after)) = read {
                     request.object = object_read;
                     if let (After::Stopped(at), Some(unread_from)) = (after, unread_from.as_mut()) {
                         if !needs_stored_conditions(&request, needs) {
                             **unread_from = Some(at);
                             return Ok(Some(request));
                         }
-                        match jump_to_old_object(body, at) {
+                        let comma = ahead.old_object_comma.filter(|&comma| comma >= at);
+                        match comma.or_else(|| jump_to_old_object(body, member.value_start, at)) {
                             Some(comma) => {
                                 members.value_read(comma);
-                                *unread_middle = Some(at..comma - 1);
+                                jumped.object_rest = Some(at..comma - 1);
                             }
                             // Not as the API server writes it: the object is read whole.
                             None => {
-                                let whole = object(&mut members, object_error, false)?;
+                                let whole = object(&mut members, object_error, &mut ahead, false)?;
                                 request.object = whole.and_then(|(object_read, _)| object_read);
                             }
                         }
@@ -592,7 +651,18 @@ fn read_request<'a>(
                         conditions: stored_conditions,
                         may_stop: stored_conditions && node_fields_known && unread_from.is_some(),
                     };
-                    let read = read_old_object(body, member.value_start, reads);
+                    if reads.may_stop
+                        && !reads.annotations
+                        && let Some(unread_from) = unread_from.as_mut()
+                        && let Some((old, head, stop)) =
+                            stored_node_ahead(body, member.value_start, &mut ahead)
+                    {
+                        request.old_object = Some(old);
+                        jumped.stored_head = Some(head);
+                        **unread_from = Some(stop);
+                        return Ok(Some(request));
+                    }
+                    let read = read_old_object(body, member.value_start, reads, &mut ahead);
                     let value = keep_value(
                         body,
                         Some(&mut members),
@@ -628,7 +698,7 @@ fn read_request<'a>(
             conditions: stored_conditions,
             may_stop: false,
         };
-        let read = read_old_object(body, span.start, reads);
+        let read = read_old_object(body, span.start, reads, &mut ahead);
         let value = keep_value(body, None, span.start, object_error, read)?;
         request.old_object = value.flatten().map(|(old, _)| old);
     }
@@ -665,18 +735,164 @@ fn needs_stored_conditions(request: &RequestIn<'_>, needs: &dyn Needs) -> bool {
 }
 
 /// The comma before the request's `oldObject` member, searched for from `from` (a byte in the
-/// object's status after its conditions): `},"oldObject":{` as the API server writes it. Safe
-/// there because nothing in between can hold that text: the rest of a Node's status has only
-/// fixed field names (no maps keyed by users), its strings cannot hold an unescaped quote, and
-/// the status is a Node's last member. `None` when the body is written any other way (the
-/// object is then read whole).
-fn jump_to_old_object(body: &[u8], from: usize) -> Option<usize> {
+/// object's status, from its conditions on): `},"oldObject":{` as the API server writes it.
+/// Safe there because nothing in between can hold that text: the rest of a Node's status has
+/// only fixed field names (no maps keyed by users), its strings cannot hold an unescaped quote,
+/// and the status is a Node's last member; the stored node after it cannot hold it either (its
+/// maps keyed by users hold strings, not objects). So the first such text after `from` is the
+/// only one, wherever it is looked for first: the stored node is mostly the object again (the
+/// same images, the same conditions), so `oldObject` is looked for around the middle of what
+/// follows the object's start (`object_start`) before everywhere after `from`, which saves
+/// searching the ~25 KB of the object's images. `None` when the body is written any other way
+/// (the object is then read whole).
+fn jump_to_old_object(body: &[u8], object_start: usize, from: usize) -> Option<usize> {
     const KEY: &[u8] = b"\"oldObject\":";
-    let rest = body.get(from..)?;
-    let at = from + memchr::memmem::find(rest, KEY)?;
+    const WINDOW: usize = 4096;
+    let find = |from: usize, to: usize| {
+        let found = memchr::memmem::find(body.get(from..to.min(body.len()))?, KEY)?;
+        Some(from + found)
+    };
+    let middle = object_start + body.len().saturating_sub(object_start) / 2;
+    let near = middle.saturating_sub(WINDOW / 2).max(from);
+    let at = find(near, near + WINDOW).or_else(|| find(from, body.len()))?;
     let comma = at.checked_sub(1)?;
     let before = body.get(comma.checked_sub(1)?..at)?;
     (before == b"}," && body.get(at + KEY.len()) == Some(&b'{')).then_some(comma)
+}
+
+/// What reading the object's conditions found ahead of it, for the rest of the request.
+#[derive(Default)]
+struct Ahead<'a> {
+    /// Where the object's value starts.
+    object_start: usize,
+    /// The comma before `oldObject` (`jump_to_old_object`).
+    old_object_comma: Option<usize>,
+    /// The stored node's conditions as read, and the span of their array.
+    stored: Option<(Range<usize>, Vec<Condition<'a>>)>,
+}
+
+/// The object's conditions (quiet heartbeats). A kubelet's status update sends the stored
+/// conditions again with new heartbeat times unless a condition changed: so the stored node's
+/// conditions are read first (`look_ahead`), and when the object's array is the same bytes
+/// but for the heartbeat times, the object's conditions are the stored ones with the object's
+/// times; otherwise the array is read as any other.
+fn object_conditions<'a>(
+    body: &'a [u8],
+    members: &mut Members<'a>,
+    ahead: &mut Ahead<'a>,
+) -> Read<Option<Vec<Condition<'a>>>> {
+    if let Some((conditions, end)) = look_ahead(body, members.value_start(), ahead) {
+        members.value_read(end);
+        return Ok(Some(conditions));
+    }
+    read_conditions(body, members)
+}
+
+/// The object's conditions (the array at `start`) from the stored node's, when they are the
+/// same but for heartbeat times, and the index past the array. The stored node's array is found
+/// as `jump_to_old_object` finds `oldObject` and read as any other (kept in `ahead` for when
+/// the reader gets there); where it was found does not matter for what this answers: any array
+/// of conditions whose bytes are those at `start` but for the heartbeat times reads as the one
+/// at `start` would.
+fn look_ahead<'a>(
+    body: &'a [u8],
+    start: usize,
+    ahead: &mut Ahead<'a>,
+) -> Option<(Vec<Condition<'a>>, usize)> {
+    const CONDITIONS: &[u8] = b"\"conditions\":[";
+    let comma = jump_to_old_object(body, ahead.object_start, start)?;
+    ahead.old_object_comma = Some(comma);
+    let found = memchr::memmem::find(body.get(comma..)?, CONDITIONS)?;
+    let at = comma + found + CONDITIONS.len() - 1;
+    let (Some(stored), end) = conditions_at(body, at).ok()? else {
+        return None;
+    };
+    let same = same_but_heartbeats(body, start, at..end, &stored);
+    ahead.stored = Some((at..end, stored));
+    same
+}
+
+/// The stored node (starting at `start`) as the rules need it when only its conditions are
+/// needed and `look_ahead` read them there: the first `"conditions":[` after `oldObject` is its
+/// status's conditions as the API server writes a Node (nothing before them holds that text:
+/// the maps keyed by users hold strings, managedFields' keys begin with `f:`, and the status
+/// writes capacity, allocatable and phase first). Also the span jumped over (the node before
+/// its conditions, not read) and where reading stops: the value of the next member, which must
+/// be one the API server writes after the conditions, as `read_status` checks.
+fn stored_node_ahead<'a>(
+    body: &'a [u8],
+    start: usize,
+    ahead: &mut Ahead<'a>,
+) -> Option<(OldObjectIn<'a>, Range<usize>, usize)> {
+    let (span, _) = ahead.stored.as_ref()?;
+    let key_start = ahead.old_object_comma? + 1;
+    if body.get(key_start..start) != Some(b"\"oldObject\":".as_slice()) {
+        return None;
+    }
+    let next = Members::after_value(body, span.end).next_member().ok()??;
+    let next_is_after_conditions = STATUS_AFTER_CONDITIONS
+        .iter()
+        .any(|k| k.as_bytes() == next.key.as_ref());
+    if !next_is_after_conditions {
+        return None;
+    }
+    let stop = next.value_start;
+    let (span, conditions) = ahead.stored.take()?;
+    let status = OldStatusIn {
+        conditions: Some(conditions),
+    };
+    let old = OldObjectIn {
+        metadata: None,
+        status: Some(status),
+    };
+    Some((old, start..span.start, stop))
+}
+
+/// `stored` (read from `body[stored_span]`) with the heartbeat times of the array at `start`,
+/// and the index past that array, if its bytes are those of `stored_span` but for the text of
+/// the heartbeat times (made only of the characters of a timestamp, so the two arrays read
+/// alike but for those times).
+fn same_but_heartbeats<'a>(
+    body: &'a [u8],
+    start: usize,
+    stored_span: Range<usize>,
+    stored: &[Condition<'a>],
+) -> Option<(Vec<Condition<'a>>, usize)> {
+    let is_time_byte = |b: &u8| b.is_ascii_alphanumeric() || b":.+-".contains(b);
+    let same = |stored: Range<usize>, at: usize| {
+        let other = body.get(at..at.checked_add(stored.len())?)?;
+        (body.get(stored.clone())? == other).then_some(at + stored.len())
+    };
+    let mut incoming = Vec::with_capacity(stored.len());
+    let (mut stored_at, mut at) = (stored_span.start, start);
+    for condition in stored {
+        let mut copy = condition.clone();
+        match &condition.last_heartbeat_time {
+            None => {}
+            // Borrowed from the body: where its text is tells where the object's is.
+            Some(Cow::Borrowed(time)) => {
+                let time_start = (time.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+                let time_end = time_start + time.len();
+                if time_start < stored_at || time_end > stored_span.end {
+                    return None;
+                }
+                at = same(stored_at..time_start, at)?;
+                let length = body
+                    .get(at..)?
+                    .iter()
+                    .take_while(|b| is_time_byte(b))
+                    .count();
+                let text = std::str::from_utf8(body.get(at..at + length)?).ok()?;
+                copy.last_heartbeat_time = Some(Cow::Borrowed(text));
+                (stored_at, at) = (time_end, at + length);
+            }
+            // Written with escapes: read as any other.
+            Some(Cow::Owned(_)) => return None,
+        }
+        incoming.push(copy);
+    }
+    let end = same(stored_at..stored_span.end, at)?;
+    Some((incoming, end))
 }
 
 /// Whether the stored object's annotations must be read: a node review whose object's
@@ -787,7 +1003,7 @@ fn read_object<'a>(
     needs: &dyn Needs,
     parent: &mut Members<'a>,
     may_stop: bool,
-    may_need_conditions: bool,
+    mut may_need_conditions: Option<&mut Ahead<'a>>,
 ) -> Read<(Option<ObjectIn<'a>>, After)> {
     let fields = &["metadata", "spec", "status"];
     read_member(
@@ -810,7 +1026,8 @@ fn read_object<'a>(
                 let may_stop = may_stop && !needs.stored_annotations(annotations);
                 // Labels not read yet (metadata after status): the conditions may be needed.
                 let conditions = may_need_conditions
-                    && metadata.is_none_or(|m| needs.conditions(m.labels.as_ref()));
+                    .as_deref_mut()
+                    .filter(|_| metadata.is_none_or(|m| needs.conditions(m.labels.as_ref())));
                 let (status, after) = read_status(body, members, may_stop, conditions)?;
                 object.status = status;
                 Ok(after)
@@ -871,7 +1088,7 @@ fn read_status<'a>(
     body: &'a [u8],
     parent: &mut Members<'a>,
     may_stop: bool,
-    conditions: bool,
+    mut conditions: Option<&mut Ahead<'a>>,
 ) -> Read<(Option<NodeStatusIn<'a>>, After)> {
     // `conditions` is one of the fields either way, so that a second copy is refused as the
     // full parse refuses it.
@@ -885,13 +1102,15 @@ fn read_status<'a>(
             match name {
                 "allocatable" => status.allocatable = str_map(body, members)?,
                 "capacity" => status.capacity = str_map(body, members)?,
-                _ if conditions => status.conditions = read_conditions(body, members)?,
-                _ => {
-                    members.skip_value().map_err(scan_error(body))?;
-                }
+                _ => match conditions.as_deref_mut() {
+                    Some(ahead) => status.conditions = object_conditions(body, members, ahead)?,
+                    None => {
+                        members.skip_value().map_err(scan_error(body))?;
+                    }
+                },
             }
             let known = status.allocatable.is_some() && status.capacity.is_some();
-            Ok(match (may_stop && known, conditions) {
+            Ok(match (may_stop && known, conditions.is_some()) {
                 (false, _) => After::Next,
                 (true, false) => After::EnoughIfNextIs(STATUS_AFTER_QUANTITIES),
                 (true, true) if status.conditions.is_some() => {
@@ -909,18 +1128,24 @@ fn read_conditions<'a>(
     body: &'a [u8],
     members: &mut Members<'a>,
 ) -> Read<Option<Vec<Condition<'a>>>> {
+    let (conditions, end) = conditions_at(body, members.value_start())?;
+    members.value_read(end);
+    Ok(conditions)
+}
+
+/// `read_conditions` of the array starting at `start`, and the index past it.
+fn conditions_at(body: &[u8], start: usize) -> Read<(Option<Vec<Condition<'_>>>, usize)> {
     let mut conditions = Vec::with_capacity(8);
-    let plain = plain::array_in(body, members.value_start(), |at| {
+    let plain = plain::array_in(body, start, |at| {
         let mut condition = Condition::default();
         let end = plain::members_in(body, at, |key, value| condition.set(&key, value))?;
         conditions.push(condition);
         Some(end)
     });
-    if let Some(end) = plain {
-        members.value_read(end);
-        return Ok(Some(conditions));
+    match plain {
+        Some(end) => Ok((Some(conditions), end)),
+        None => value_at(body, start),
     }
-    field(body, members)
 }
 
 /// What of `oldObject` the rules need.
@@ -934,11 +1159,12 @@ struct OldReads {
 
 /// `oldObject.metadata.annotations` and `oldObject.status.conditions`, as `reads` asks, from
 /// the oldObject whose first byte is at `start`, and how far it was read.
-fn read_old_object(
-    body: &[u8],
+fn read_old_object<'a>(
+    body: &'a [u8],
     start: usize,
     reads: OldReads,
-) -> Read<Option<(OldObjectIn<'_>, Ended)>> {
+    ahead: &mut Ahead<'a>,
+) -> Read<Option<(OldObjectIn<'a>, Ended)>> {
     let fields: &[&'static str] = match (reads.annotations, reads.conditions) {
         (true, true) => &["metadata", "status"],
         (false, true) => &["status"],
@@ -950,15 +1176,22 @@ fn read_old_object(
         start,
         "OldObjectIn",
         fields,
-        |old: &mut OldObjectIn<'_>, name, members| {
+        |old: &mut OldObjectIn<'a>, name, members| {
             if name == "status" {
                 let (status, after) = read_member(
                     body,
                     members,
                     "OldStatusIn",
                     &["conditions"],
-                    |status: &mut OldStatusIn<'_>, _, members| {
-                        status.conditions = read_conditions(body, members)?;
+                    |status: &mut OldStatusIn<'a>, _, members| {
+                        status.conditions = match ahead.stored.take() {
+                            // Already read by `look_ahead`.
+                            Some((span, read)) if span.start == members.value_start() => {
+                                members.value_read(span.end);
+                                Some(read)
+                            }
+                            _ => read_conditions(body, members)?,
+                        };
                         Ok(if may_stop && conditions && status.conditions.is_some() {
                             After::EnoughIfNextIs(STATUS_AFTER_CONDITIONS)
                         } else {
@@ -974,7 +1207,7 @@ fn read_old_object(
                 members,
                 "OldMetaIn",
                 &["annotations"],
-                |metadata: &mut OldMetaIn<'_>, _, members| {
+                |metadata: &mut OldMetaIn<'a>, _, members| {
                     metadata.annotations = str_map(body, members)?;
                     Ok(After::Next)
                 },

@@ -193,6 +193,40 @@ fn members_decode_keys_and_skip_values() {
 }
 
 #[test]
+fn members_after_a_value_continue_the_object() {
+    /// The keys that follow, or the error's code.
+    type Keys = Result<&'static [&'static str], Code>;
+    // (text, index past the value, what follows)
+    let cases: &[(&[u8], usize, Keys)] = &[
+        (br#"{"a":[1],"b":2,"c":{}}"#, 8, Ok(&["b", "c"])),
+        (br#"{"a":[1] , "b" : 2}"#, 8, Ok(&["b"])),
+        (br#"{"a":[1]}"#, 8, Ok(&[])),
+        (br#"{"a":[1]"b":2}"#, 8, Err(Code::ExpectedCommaOrBrace)),
+        (br#"{"a":[1],"b"::2}"#, 8, Err(Code::ExpectedValue)),
+        (br#"{"a":[1],}"#, 8, Err(Code::TrailingComma)),
+        (br#"{"a":[1],"b":"#, 8, Err(Code::EofValue)),
+    ];
+    for &(text, pos, expected) in cases {
+        let keys = while_members(&mut Members::after_value(text, pos));
+        let shown = String::from_utf8_lossy(text);
+        match expected {
+            Ok(expected) => assert_eq!(
+                keys.as_deref().ok(),
+                Some(
+                    expected
+                        .iter()
+                        .map(|k| k.to_string())
+                        .collect::<Vec<_>>()
+                        .as_slice()
+                ),
+                "{shown}"
+            ),
+            Err(code) => assert_eq!(keys.map_err(|e| e.code), Err(code), "{shown}"),
+        }
+    }
+}
+
+#[test]
 fn walked_objects_are_checked_strictly() {
     let cases: &[(&str, Code)] = &[
         ("{", Code::EofObject),
