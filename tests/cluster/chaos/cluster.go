@@ -19,7 +19,6 @@ import (
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -204,7 +203,7 @@ func clusterRun(o clusterOptions) (broken []string, err error) {
 
 	obsCtx, stopObservers := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(6)
+	wg.Add(5)
 	glob := func(pattern string) func() []string {
 		return func() []string {
 			if pattern == "" {
@@ -217,7 +216,6 @@ func clusterRun(o clusterOptions) (broken []string, err error) {
 	go tailLogs(obsCtx, &wg, t, glob(o.apiserverLog), x509InAPIServerLog, func(p *Phase, k int64) { p.X509APIServer += k }, "x509 in the API server log")
 	go tailLogs(obsCtx, &wg, t, glob(o.replicaLogs), x509InReplicaLog, func(p *Phase, k int64) { p.X509Replica += k }, "TLS alert in a replica log")
 	go pollFakeNodeStats(obsCtx, &wg, t, fakeNodes.StatsFile)
-	go watchNodes(obsCtx, &wg, t, client, func(name string) bool { return strings.HasPrefix(name, prefix+"-") }, resource.MustParse("7"))
 	go scrapeAPIServerMetrics(obsCtx, &wg, t, client, webhookNameSuffix)
 	go createPods(obsCtx, &wg, t, client, podNS, time.Second, 20, map[string]string{"overcommit.dev/chaos": suffix},
 		[]corev1.Toleration{{Key: taint.Key, Operator: corev1.TolerationOpEqual, Value: suffix, Effect: corev1.TaintEffectNoSchedule}})

@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -23,7 +22,13 @@ import (
 )
 
 // pollFakeNodeStats adds the fake nodes' per-write counters (attempts, failures, slow writes,
-// errors naming x509 or a webhook) to the current phase, as deltas, every second.
+// errors naming x509 or a webhook, mutated writes) to the current phase, as deltas, every
+// second. A status write is mutated when the Node the API server returned for it has another
+// allocatable than the fake kubelet sent: the webhook answered. (Whether the write reached etcd
+// does not matter: with quiet heartbeats most writes are no-ops there, and the Node returned
+// is then the stored, inflated one; a write that failed open stores, and returns, the kubelet's
+// value. The fake nodes' "mutated" counter is not used: it looks at an annotation that stays on
+// the Node after a write the webhook never saw.)
 func pollFakeNodeStats(ctx context.Context, wg *sync.WaitGroup, t *Tally, path string) {
 	defer wg.Done()
 	var last harness.FakeNodeStats
@@ -43,6 +48,8 @@ func pollFakeNodeStats(ctx context.Context, wg *sync.WaitGroup, t *Tally, path s
 				p.Slow += cur.Slow - prev.Slow
 				p.WebhookErrs += cur.WebhookErrors - prev.WebhookErrors
 				p.ClientX509 += cur.X509Errors - prev.X509Errors
+				p.Mutated += cur.Overridden - prev.Overridden
+				p.NotMutated += cur.NotOverridden - prev.NotOverridden
 			})
 			if cur.Failures > prev.Failures {
 				progress("status write failed: %s", cur.LastError)
@@ -56,82 +63,6 @@ func pollFakeNodeStats(ctx context.Context, wg *sync.WaitGroup, t *Tally, path s
 		case <-ctx.Done():
 		case <-tick.C:
 		}
-	}
-}
-
-// watchNodes classifies every status write of the fake nodes as the API server stored it: a
-// write is a new Ready heartbeat, mutated when the stored cpu allocatable differs from the raw
-// value the fake kubelet reports. (The fake nodes' own "mutated" counter looks at an
-// annotation that stays on the Node after a write the webhook never saw, so it cannot tell.)
-func watchNodes(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubernetes.Interface, isOurs func(string) bool, rawCPU resource.Quantity) {
-	defer wg.Done()
-	heartbeat := map[string]time.Time{}
-	seen := func(n *corev1.Node) {
-		if !isOurs(n.Name) {
-			return
-		}
-		var hb time.Time
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady {
-				hb = c.LastHeartbeatTime.Time
-			}
-		}
-		if hb.IsZero() || !hb.After(heartbeat[n.Name]) {
-			return
-		}
-		first := heartbeat[n.Name].IsZero()
-		heartbeat[n.Name] = hb
-		if first {
-			return // the state found at start, not a write seen happening
-		}
-		cpu, ok := n.Status.Allocatable[corev1.ResourceCPU]
-		mutated := ok && cpu.Cmp(rawCPU) != 0
-		t.Add(func(p *Phase) {
-			if mutated {
-				p.Mutated++
-			} else {
-				p.NotMutated++
-			}
-		})
-	}
-	rv := ""
-	for ctx.Err() == nil {
-		if rv == "" {
-			list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-			if err != nil {
-				sleepCtx(ctx, time.Second)
-				continue
-			}
-			for i := range list.Items {
-				seen(&list.Items[i])
-			}
-			rv = list.ResourceVersion
-		}
-		w, err := client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true,
-			TimeoutSeconds: ptr.To(int64(60))})
-		if err != nil {
-			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
-				rv = ""
-			}
-			sleepCtx(ctx, 500*time.Millisecond)
-			continue
-		}
-		for ev := range w.ResultChan() {
-			switch ev.Type {
-			case watch.Added, watch.Modified, watch.Bookmark:
-				if n, ok := ev.Object.(*corev1.Node); ok {
-					rv = n.ResourceVersion
-					if ev.Type != watch.Bookmark {
-						seen(n)
-					}
-				}
-			case watch.Error:
-				if st := apierrors.FromObject(ev.Object); apierrors.IsResourceExpired(st) || apierrors.IsGone(st) {
-					rv = ""
-				}
-			}
-		}
-		w.Stop()
 	}
 }
 
