@@ -1,4 +1,4 @@
-# syntax=docker/dockerfile:1.7
+# syntax=docker/dockerfile:1.7@sha256:a57df69d0ea827fb7266491f2813635de6f17269be881f696fbfdf2d83dda33e
 # kube-overcommit image: the glibc release build on distroless/cc (glibc and libgcc only: no
 # shell, no package manager), running as the non-root user 65532.
 #   docker build -t ghcr.io/kube-overcommit/kube-overcommit:0.1.0 .
@@ -11,9 +11,14 @@
 # with the benchmark's method; bench/proposals/admission-parse.md). This is the build that
 # BENCHMARKS.md measures. Both stages are Debian 12 (glibc 2.36), so the binary runs on the base.
 
-ARG RUST_VERSION=1.95
+#
+# Every base image (and the BuildKit frontend above) is pinned by digest: a rebuild fetches the
+# bytes that were reviewed, not whatever the tag points to that day. The tag stays for the reader;
+# with a digest present the tag is not consulted. Bump tag and digest together, from
+# `docker buildx imagetools inspect <image>:<tag>` (the multi-arch index digest, not one
+# platform's manifest). tests/deploy TestStaticDockerfile refuses a FROM without a digest.
 
-FROM rust:${RUST_VERSION}-slim-bookworm AS build
+FROM rust:1.95-slim-bookworm@sha256:d7482085ff5b415f84dba5647ae71606650bdef00db7aeb69f4b3d170c3e4082 AS build
 WORKDIR /src
 COPY . .
 ENV CARGO_PROFILE_RELEASE_STRIP=debuginfo
@@ -26,7 +31,7 @@ RUN ldd /kube-overcommit | tee /dev/stderr \
   | awk '$1 !~ /^(linux-vdso|libc|libm|libgcc_s|libpthread|libdl|librt)\.so\.|^\/lib64\/ld-linux/ {bad=1} END {exit bad}' \
  && /kube-overcommit --help >/dev/null
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f
 LABEL org.opencontainers.image.title="kube-overcommit" \
       org.opencontainers.image.description="Mutating admission webhook that overcommits node allocatable by policy" \
       org.opencontainers.image.licenses="Apache-2.0"

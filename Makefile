@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 CARGO ?= cargo
 
-.PHONY: build release test test-unit test-e2e test-e2e-leader test-e2e-leader-long demo bench bench-smoke bench-flamegraph cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint image-check
+.PHONY: build release test test-unit test-e2e deny test-e2e-leader test-e2e-leader-long demo bench bench-smoke bench-flamegraph cluster-build cluster-up cluster-down cluster-status cluster-test chaos chaos-long crd fmt lint image-check
 
 build:
 	$(CARGO) build --locked
@@ -22,7 +22,9 @@ release:
 #               install manifests (deploy/, Helm), a short chaos run (local, and `chaos cluster`
 #               against deploy/ installed as pods), the benchmark smoke check
 #   image-check the Dockerfile's binary in a root holding only what distroless/cc has
-test: test-unit test-e2e image-check
+#   deny        licenses, banned crates and sources of the dependency tree (cargo-deny, built in
+#               the background during test-e2e)
+test: test-unit test-e2e image-check deny
 	@echo "make test: all suites passed"
 
 test-unit:
@@ -30,6 +32,7 @@ test-unit:
 	python3 -m unittest discover -s bench -p 'test_*.py'
 
 test-e2e: release cluster-build
+	tests/tools.sh cargo-deny --start
 	$(CARGO) test --locked --release -- --ignored
 	$(MAKE) cluster-test
 	$(MAKE) test-deploy
@@ -118,6 +121,18 @@ bench-flamegraph:
 # needs root for chroot).
 image-check:
 	bash deploy/image-check.sh
+
+# Supply chain (deny.toml), with the cargo-deny version pinned in tests/tools.sh: the licenses of
+# every crate in the tree against the list the project accepts, no openssl, openssl-sys or
+# native-tls (TLS is rustls + ring), crates from crates.io only. Advisories (known
+# vulnerabilities) are NOT checked: `cargo deny check advisories` needs the RustSec database from
+# GitHub, which the machines that run `make test` cannot fetch; run it where GitHub is reachable.
+# The check takes under a second; installing cargo-deny the first time means building it (3.5 min
+# on 2 busy cores), so `make test` starts that build in the background (nice 19) at the start of
+# test-e2e, whose tests mostly wait on timers, and this target waits for it; a failed build fails
+# here with its log.
+deny:
+	deny="$$(tests/tools.sh cargo-deny)" && "$$deny" --locked check licenses bans sources
 
 # The CRD under deploy/ is generated from the Rust type; a unit test fails when it is stale.
 crd:

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Installs the test tools kube-overcommit needs that are not part of the machine, from the Go
-# module proxy (no other downloads), into a cache outside the clone, and prints the tool's path.
+# module proxy or crates.io (no other downloads), into a cache outside the clone, and prints the
+# tool's path.
 #   tests/tools.sh helm            -> path of a helm v3 binary
 #   tests/tools.sh controller-gen  -> path of controller-gen (CRDs of the Prometheus Operator's
 #                                     Go types, for the deploy tests' ServiceMonitor/PrometheusRule)
+#   tests/tools.sh cargo-deny      -> path of cargo-deny (`make deny`); waits for a build that
+#                                     --start began, and fails with its log if that build failed
+#   tests/tools.sh cargo-deny --start
+#                                  -> starts building cargo-deny in the background at the lowest
+#                                     CPU priority and returns at once (`make test` overlaps the
+#                                     ~3.5 min build with the e2e phase, which mostly waits)
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-overcommit/tools/<tool>-<version>/ (kept across
 # clones; a version bump installs beside the old one).
 set -euo pipefail
@@ -56,8 +63,81 @@ install_controller_gen() {
   echo "$dir/controller-gen"
 }
 
+CARGO_DENY_VERSION=0.20.2
+
+# cargo-deny is built from source (cargo install --locked: its own Cargo.lock), in its own target
+# directory (never the repository's: a build there would hold the lock that the tests' cargo
+# commands wait on). Builds are serialized by a lock; a background build (--start) leaves its
+# exit status and log beside the binary's directory for the foreground call to report.
+cargo_deny_dir="$cache/cargo-deny-$CARGO_DENY_VERSION"
+cargo_deny_log="$cache/cargo-deny-$CARGO_DENY_VERSION.log"
+cargo_deny_status="$cache/cargo-deny-$CARGO_DENY_VERSION.status"
+
+build_cargo_deny() {
+  command -v cargo >/dev/null || { echo "tests/tools.sh: cargo is required to install cargo-deny" >&2; return 1; }
+  local tmp
+  tmp="$(mktemp -d "$cache/.cargo-deny-build.XXXXXX")"
+  trap 'rm -rf "$tmp"' RETURN
+  cargo install --locked "cargo-deny@$CARGO_DENY_VERSION" --root "$tmp/root" --target-dir "$tmp/target" >&2 || return
+  mkdir -p "$cargo_deny_dir"
+  mv "$tmp/root/bin/cargo-deny" "$cargo_deny_dir/cargo-deny"
+}
+
+# Background half of --start: holds the lock for the whole build, records the exit status.
+cargo_deny_background() {
+  exec 9>"$cache/.cargo-deny.lock"
+  flock 9
+  if [[ -x "$cargo_deny_dir/cargo-deny" ]]; then
+    return 0
+  fi
+  local rc=0
+  build_cargo_deny >"$cargo_deny_log" 2>&1 || rc=$?
+  echo "$rc" >"$cargo_deny_status"
+}
+
+start_cargo_deny() {
+  [[ -x "$cargo_deny_dir/cargo-deny" ]] && return 0
+  rm -f "$cargo_deny_status"
+  echo "tests/tools.sh: building cargo-deny $CARGO_DENY_VERSION in the background (nice 19; log: $cargo_deny_log)" >&2
+  # Detached from the caller's terminal and output (make would otherwise wait for it); it ends by
+  # itself when the build ends.
+  setsid nice -n 19 "${BASH_SOURCE[0]}" cargo-deny --background </dev/null >/dev/null 2>&1 &
+}
+
+install_cargo_deny() {
+  exec 9>"$cache/.cargo-deny.lock"
+  if ! flock -n 9; then
+    echo "tests/tools.sh: waiting for the cargo-deny build already running (log: $cargo_deny_log)" >&2
+    flock -w 1800 9 || { echo "tests/tools.sh: cargo-deny build still running after 30 min" >&2; exit 1; }
+  fi
+  if [[ -x "$cargo_deny_dir/cargo-deny" ]]; then
+    rm -f "$cargo_deny_status"
+  else
+    if [[ -f "$cargo_deny_status" ]]; then
+      local rc
+      rc="$(cat "$cargo_deny_status")"
+      rm -f "$cargo_deny_status"
+      echo "tests/tools.sh: FAILED: installing cargo-deny $CARGO_DENY_VERSION in the background exited with status $rc; last lines of $cargo_deny_log:" >&2
+      tail -n 30 "$cargo_deny_log" >&2 || true
+      exit 1
+    fi
+    echo "tests/tools.sh: installing cargo-deny $CARGO_DENY_VERSION into $cargo_deny_dir (first time, about 3-4 minutes on 2 cores)" >&2
+    build_cargo_deny || { echo "tests/tools.sh: FAILED: installing cargo-deny $CARGO_DENY_VERSION" >&2; exit 1; }
+  fi
+  echo "$cargo_deny_dir/cargo-deny"
+}
+
 case "${1:-}" in
   helm) install_helm ;;
   controller-gen) install_controller_gen ;;
-  *) echo "usage: tests/tools.sh helm|controller-gen" >&2; exit 2 ;;
+  cargo-deny)
+    mkdir -p "$cache"
+    case "${2:-}" in
+      "") install_cargo_deny ;;
+      --start) start_cargo_deny ;;
+      --background) cargo_deny_background ;;
+      *) echo "usage: tests/tools.sh cargo-deny [--start]" >&2; exit 2 ;;
+    esac
+    ;;
+  *) echo "usage: tests/tools.sh helm|controller-gen|cargo-deny [--start]" >&2; exit 2 ;;
 esac

@@ -383,6 +383,24 @@ mod tests {
         service_dns_names("kube-overcommit", "kube-overcommit")
     }
 
+    /// A CA (1 hour) and a leaf (1 minute) for `names`, issued now.
+    fn ca_and_leaf(names: &[String]) -> (Issued, Issued) {
+        let ca = issue_ca(now(), Duration::from_secs(3600), "kube-overcommit").unwrap();
+        let leaf = issue_leaf(
+            &ca.cert_pem,
+            &ca.key_pem,
+            names,
+            now(),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        (ca, leaf)
+    }
+
+    fn first_der(pem: &str) -> Vec<u8> {
+        parse_pem_bundle(pem.as_bytes()).unwrap().remove(0).der
+    }
+
     #[test]
     fn ca_and_leaf_round_trip() {
         let ca = issue_ca(now(), Duration::from_secs(3600), "kube-overcommit").unwrap();
@@ -425,6 +443,76 @@ mod tests {
             parse_pem_bundle(ca_info.to_pem().as_bytes()).unwrap()[0],
             *ca_info
         );
+    }
+
+    /// SECURITY.md ("TLS"): the leaf names the Service four ways and nothing else (no IP
+    /// address, no wildcard, no other kind of name); its subject CN is the first; it is a
+    /// server certificate only.
+    #[test]
+    fn leaf_carries_exactly_the_four_service_names() {
+        let names = service_dns_names("kube-overcommit", "team-a");
+        assert_eq!(
+            names,
+            [
+                "kube-overcommit.team-a.svc",
+                "kube-overcommit.team-a.svc.cluster.local",
+                "kube-overcommit.team-a",
+                "kube-overcommit",
+            ]
+        );
+        let (_, leaf) = ca_and_leaf(&names);
+        let der = first_der(&leaf.cert_pem);
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap();
+        let got: Vec<String> = san
+            .value
+            .general_names
+            .iter()
+            .map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => format!("DNS:{d}"),
+                other => format!("other:{other:?}"),
+            })
+            .collect();
+        let want: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+        assert_eq!(got, want);
+        let cn: Vec<&str> = cert
+            .subject()
+            .iter_common_name()
+            .filter_map(|c| c.as_str().ok())
+            .collect();
+        assert_eq!(cn, ["kube-overcommit.team-a.svc"]);
+        // A server certificate and nothing more: signs handshakes, no certificates, no clients.
+        let ku = cert.key_usage().unwrap().unwrap().value;
+        assert!(ku.digital_signature() && !ku.key_cert_sign() && !ku.crl_sign());
+        let eku = cert.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.server_auth && !eku.client_auth && !eku.any && eku.other.is_empty());
+        assert!(!cert.is_ca());
+    }
+
+    /// SECURITY.md ("TLS", "Where the keys live"): the CA and the leaf keys are ECDSA P-256.
+    #[test]
+    fn ca_and_leaf_keys_are_ecdsa_p256() {
+        let (ca, leaf) = ca_and_leaf(&names());
+        for (what, pem) in [("CA", &ca.cert_pem), ("leaf", &leaf.cert_pem)] {
+            let der = first_der(pem);
+            let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+            let spki = cert.public_key();
+            assert_eq!(
+                spki.algorithm.algorithm,
+                x509_parser::oid_registry::OID_KEY_TYPE_EC_PUBLIC_KEY,
+                "{what}"
+            );
+            let curve = spki
+                .algorithm
+                .parameters
+                .as_ref()
+                .and_then(|p| p.as_oid().ok());
+            assert_eq!(
+                curve,
+                Some(x509_parser::oid_registry::OID_EC_P256),
+                "{what}: curve"
+            );
+        }
     }
 
     #[test]

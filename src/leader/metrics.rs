@@ -112,3 +112,120 @@ impl LeaderMetrics {
             .inc();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+    use crate::metrics::{
+        HeartbeatsKeptLabels, Metrics, OutcomeLabel, PolicyReloadLabels, PolicySourceLabel,
+        RejectLabels, ReloadLabels, ReloadResult,
+    };
+
+    /// Metric name -> the label names of its series, from the text format.
+    fn label_names(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let (name, labels) = match line.split_once('{') {
+                Some((name, rest)) => (name, rest.split_once('}').map_or("", |(l, _)| l)),
+                None => (line.split_once(' ').map_or(line, |(n, _)| n), ""),
+            };
+            let set = out.entry(name.to_string()).or_default();
+            // Label values here never contain `,` or `=` (enums, numbers, the node name "n").
+            for pair in labels.split(',').filter(|p| !p.is_empty()) {
+                if let Some((key, _)) = pair.split_once('=') {
+                    set.insert(key.to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// What SECURITY.md ("What is exposed") says /metrics discloses: the labelled series and
+    /// their label names are exactly these, and only `node_raw_allocatable` names a node.
+    /// Every other series is a bare number. A new label fails here until it is documented.
+    #[test]
+    fn metrics_disclose_only_the_documented_labels() {
+        let m = Metrics::new();
+        let leader = m.with_registry(LeaderMetrics::new);
+        // One series in every family, so that each label set is encoded.
+        m.heartbeats_kept
+            .get_or_create(&HeartbeatsKeptLabels {
+                outcome: OutcomeLabel::patched,
+            })
+            .inc();
+        m.http_rejects
+            .get_or_create(&RejectLabels { status: 413 })
+            .inc();
+        m.policy_reloads
+            .get_or_create(&PolicyReloadLabels {
+                source: PolicySourceLabel::crd,
+                result: ReloadResult::success,
+            })
+            .inc();
+        m.cert_reloads
+            .get_or_create(&ReloadLabels {
+                result: ReloadResult::error,
+            })
+            .inc();
+        leader.rotation("leaf", "issued");
+        leader.repair("webhook-configuration", "repaired");
+        leader
+            .node_raw_allocatable
+            .get_or_create(&NodeResourceLabels {
+                node: "n".into(),
+                resource: "cpu".into(),
+                unit: "core".into(),
+            })
+            .set(4.0);
+        let names = label_names(&m.encode());
+        let labelled: BTreeMap<&str, BTreeSet<&str>> = names
+            .iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(n, l)| (n.as_str(), l.iter().map(String::as_str).collect()))
+            .collect();
+        let set = |l: &[&'static str]| l.iter().copied().collect::<BTreeSet<&str>>();
+        let want = BTreeMap::from([
+            (
+                "kube_overcommit_reviews_total",
+                set(&["resource", "operation", "outcome"]),
+            ),
+            ("kube_overcommit_heartbeats_kept_total", set(&["outcome"])),
+            (
+                "kube_overcommit_review_duration_seconds_bucket",
+                set(&["le"]),
+            ),
+            ("kube_overcommit_http_rejects_total", set(&["status"])),
+            (
+                "kube_overcommit_policy_reloads_total",
+                set(&["source", "result"]),
+            ),
+            (
+                "kube_overcommit_certificate_reloads_total",
+                set(&["result"]),
+            ),
+            ("kube_overcommit_build_info", set(&["version"])),
+            (
+                "kube_overcommit_certificate_rotations_total",
+                set(&["kind", "outcome"]),
+            ),
+            (
+                "kube_overcommit_config_repairs_total",
+                set(&["object", "action"]),
+            ),
+            (
+                "kube_overcommit_node_raw_allocatable",
+                set(&["node", "resource", "unit"]),
+            ),
+        ]);
+        assert_eq!(labelled, want, "labelled series of /metrics");
+        assert!(
+            names.contains_key("kube_overcommit_node_raw_allocatable_unreadable_nodes"),
+            "{names:?}"
+        );
+    }
+}

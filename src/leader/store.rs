@@ -341,6 +341,37 @@ mod tests {
         ));
     }
 
+    /// SECURITY.md ("Where the keys live"): every Secret write carries a precondition. Built
+    /// from the object read, the Secret keeps its resourceVersion (the API server refuses the
+    /// replace with 409 if anyone wrote in between); built from nothing, it has none and is sent
+    /// as a create (refused with 409 if the Secret exists).
+    #[test]
+    fn secret_writes_carry_the_resource_version_read() {
+        let ca = issue_ca(now(), Duration::from_secs(3600), "a").unwrap();
+        let read = Secret {
+            metadata: ObjectMeta {
+                resource_version: Some("42".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let contents = CaContents {
+            current_pem: &ca.cert_pem,
+            current_key: Some(&ca.key_pem),
+            next: None,
+            phase: Phase::Idle,
+        };
+        for (base, want) in [(Some(&read), Some("42")), (None, None)] {
+            let written = [
+                ca_secret("ca", "ns", base, &contents),
+                serving_secret("tls", "ns", base, "crt", "key", "bundle", false),
+            ];
+            for secret in written {
+                assert_eq!(secret.metadata.resource_version.as_deref(), want);
+            }
+        }
+    }
+
     #[test]
     fn serving_secret_table() {
         let a = issue_ca(now(), Duration::from_secs(3600), "a").unwrap();

@@ -499,20 +499,46 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{false, "get", "", "configmaps", "", ns},
 	}
 	for _, tc := range cases {
-		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: user, Groups: groups,
-			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Namespace: tc.namespace, Verb: tc.verb, Group: tc.group, Resource: tc.resource, Name: tc.name,
-			},
-		}}
-		got, err := c.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
+		attrs := authorizationv1.ResourceAttributes{
+			Namespace: tc.namespace, Verb: tc.verb, Group: tc.group, Resource: tc.resource, Name: tc.name,
 		}
-		if got.Status.Allowed != tc.allowed {
-			t.Errorf("%s %s/%s %q in %q: allowed=%v, want %v (%s)", tc.verb, tc.group, tc.resource, tc.name, tc.namespace, got.Status.Allowed, tc.allowed, got.Status.Reason)
+		if allowed, reason := accessAllowed(t, ctx, c, user, groups, attrs); allowed != tc.allowed {
+			t.Errorf("%s %s/%s %q in %q: allowed=%v, want %v (%s)", tc.verb, tc.group, tc.resource, tc.name, tc.namespace, allowed, tc.allowed, reason)
 		}
 	}
+	// No way into a process (SECURITY.md: "It cannot ... exec into anything"): exec, attach and
+	// port-forward on pods (create, and get, which websocket clients used to be authorized
+	// with), in its own namespace, kube-system and another, and the kubelet API through
+	// nodes/proxy. Every one refused by the real authorizer.
+	for _, namespace := range []string{ns, "kube-system", "default"} {
+		for _, sub := range []string{"exec", "attach", "portforward"} {
+			for _, verb := range []string{"create", "get"} {
+				attrs := authorizationv1.ResourceAttributes{Namespace: namespace, Verb: verb, Resource: "pods", Subresource: sub}
+				if allowed, reason := accessAllowed(t, ctx, c, user, groups, attrs); allowed {
+					t.Errorf("%s pods/%s in %q: allowed (%s), want refused", verb, sub, namespace, reason)
+				}
+			}
+		}
+	}
+	for _, verb := range []string{"create", "get"} {
+		attrs := authorizationv1.ResourceAttributes{Verb: verb, Resource: "nodes", Subresource: "proxy", Name: "some-node"}
+		if allowed, reason := accessAllowed(t, ctx, c, user, groups, attrs); allowed {
+			t.Errorf("%s nodes/proxy: allowed (%s), want refused", verb, reason)
+		}
+	}
+}
+
+// accessAllowed asks the API server's authorizer (SubjectAccessReview) whether user may do attrs.
+func accessAllowed(t *testing.T, ctx context.Context, c kubernetes.Interface, user string, groups []string, attrs authorizationv1.ResourceAttributes) (bool, string) {
+	t.Helper()
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: user, Groups: groups, ResourceAttributes: &attrs,
+	}}
+	got, err := c.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got.Status.Allowed, got.Status.Reason
 }
 
 // checkWebhookGuard writes webhook configurations as the ServiceAccount (impersonated, dry run:

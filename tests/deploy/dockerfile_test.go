@@ -10,10 +10,11 @@ import (
 )
 
 // There is no container engine on the test machines, so the image is not built here; this checks
-// the Dockerfile's promises instead: a build stage that checks the binary needs no library beyond
-// glibc and libgcc, a final stage on distroless/cc (those and nothing else) with no RUN (it has
-// no shell), a numeric non-root USER, and an exec-form ENTRYPOINT. `make image-check` runs the
-// binary in a root holding only those libraries.
+// the Dockerfile's promises instead: every base image (and the BuildKit frontend) pinned by
+// digest, a build stage that checks the binary needs no library beyond glibc and libgcc, a final
+// stage on distroless/cc (those and nothing else) with no RUN (it has no shell), a numeric
+// non-root USER, and an exec-form ENTRYPOINT. `make image-check` runs the binary in a root
+// holding only those libraries.
 func TestStaticDockerfile(t *testing.T) {
 	root, err := RepoRoot()
 	if err != nil {
@@ -46,6 +47,17 @@ func TestStaticDockerfile(t *testing.T) {
 	}
 	if len(stages) < 2 {
 		t.Fatalf("%d stages: want a multi-stage build", len(stages))
+	}
+	// Supply chain: every base image, and the BuildKit frontend named by the syntax directive,
+	// pinned by digest (a tag can be moved to other bytes; a digest cannot).
+	digest := regexp.MustCompile(`@sha256:[0-9a-f]{64}(\s|$)`)
+	for _, s := range stages {
+		if !digest.MatchString(s.from) {
+			t.Errorf("%q: base image not pinned by digest (want image:tag@sha256:<64 hex>)", s.from)
+		}
+	}
+	if first, _, _ := strings.Cut(string(b), "\n"); strings.HasPrefix(first, "# syntax=") && !digest.MatchString(first) {
+		t.Errorf("%q: BuildKit frontend not pinned by digest", first)
 	}
 	build, final := stages[0], stages[len(stages)-1]
 	if !strings.Contains(build.from, " AS build") {

@@ -348,6 +348,23 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment) {
 	if !mounted || !slices.Contains(c.Args, "--tls-dir=/etc/kube-overcommit/tls") {
 		t.Errorf("serving Secret not mounted read-only at the --tls-dir: %+v %v", c.VolumeMounts, c.Args)
 	}
+	// The serving key's file mode (SECURITY.md, "What a compromised replica could do"): 0440,
+	// no per-item modes, and group 65532 through fsGroup (the kubelet gives Secret volume files
+	// the fsGroup as group), the process's own group: readable by the replica, by no other uid.
+	if m := tlsVol.Secret.DefaultMode; m == nil {
+		t.Error("serving Secret volume has no defaultMode: want 0440")
+	} else if *m != 0o440 {
+		t.Errorf("serving Secret volume defaultMode %04o: want 0440", *m)
+	}
+	for _, item := range tlsVol.Secret.Items {
+		if item.Mode != nil {
+			t.Errorf("serving Secret item %s has its own mode %o", item.Key, *item.Mode)
+		}
+	}
+	if sc == nil || sc.FSGroup == nil || *sc.FSGroup != 65532 || sc.RunAsGroup == nil || *sc.RunAsGroup != 65532 ||
+		sc.RunAsUser == nil || *sc.RunAsUser != 65532 || len(sc.SupplementalGroups) != 0 {
+		t.Errorf("pod securityContext %+v: want runAsUser, runAsGroup and fsGroup 65532 and no supplementalGroups", sc)
+	}
 	// Restricted Pod Security Standard, latest version, evaluated by the admission plugin's own code.
 	eval, err := psapolicy.NewEvaluator(psapolicy.DefaultChecks(), nil)
 	if err != nil {

@@ -15,8 +15,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
@@ -156,6 +158,8 @@ type pki struct {
 	next      *x509.Certificate
 	phase     string
 	bundle    []*x509.Certificate
+	// keys: the private keys in both Secrets (tls.key, ca.key, next-ca.key), PEM.
+	keys [][]byte
 }
 
 func readPKI(ctx context.Context, ns string) (pki, error) {
@@ -168,6 +172,7 @@ func readPKI(ctx context.Context, ns string) (pki, error) {
 		p.leaf = certs[0]
 	}
 	p.servingCA = pemCerts(s.Data["ca.crt"])
+	p.keys = append(p.keys, s.Data["tls.key"])
 	ca, err := shared.Client.CoreV1().Secrets(ns).Get(ctx, koCAName, metav1.GetOptions{})
 	if err != nil {
 		return p, err
@@ -179,6 +184,7 @@ func readPKI(ctx context.Context, ns string) (pki, error) {
 		p.next = certs[0]
 	}
 	p.phase = ca.Annotations["overcommit.dev/ca-rotation-phase"]
+	p.keys = append(p.keys, ca.Data["ca.key"], ca.Data["next-ca.key"])
 	cfg, err := shared.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, ns, metav1.GetOptions{})
 	if err != nil {
 		return p, err
@@ -389,11 +395,17 @@ func TestLeaderBootstrapAndRotations(t *testing.T) {
 
 	leaves := map[string]bool{}
 	cas := map[string]bool{}
+	keys := map[string]bool{}
 	var firstCA string
 	err = harness.Eventually(budget, 200*time.Millisecond, func() error {
 		p, err := readPKI(ctx, ns)
 		if err != nil {
 			return err
+		}
+		for _, k := range p.keys {
+			if len(k) > 0 {
+				keys[string(k)] = true
+			}
 		}
 		if p.leaf != nil {
 			leaves[fingerprint(p.leaf.Raw)] = true
@@ -451,6 +463,94 @@ func TestLeaderBootstrapAndRotations(t *testing.T) {
 	}
 	t.Logf("%d leaf rotations, %d CA rotations, %d status writes (%d stored node versions), %v reviews answered, fail-open count flat at %v",
 		len(leaves)-1, len(cas)-1, writes, versions, after.Answered-before.Answered, after.FailOpen)
+	// Every key the leader generated or read during bootstrap and all those rotations (each
+	// serving and CA key seen in the Secrets) appears in no replica's log, in any encoding.
+	if len(keys) < leafWant+caWant+1 {
+		t.Fatalf("only %d distinct private keys seen in the Secrets over %d leaf and %d CA rotations", len(keys), leafWant, caWant)
+	}
+	checkLogsFreeOfKeys(t, rs.in.LogPaths(), keys)
+}
+
+// keyLeaks is what a log line holding key material would contain: the PEM header, the header of a
+// Secret's base64-encoded data, Rust's Debug of key bytes, and for each key its DER (PEM body
+// lines, base64, hex) and its private scalar (hex, base64).
+func keyLeaks(t *testing.T, keys map[string]bool) map[string]string {
+	t.Helper()
+	leaks := map[string]string{
+		"PRIVATE KEY": "a PEM private key header",
+		base64.StdEncoding.EncodeToString([]byte("-----BEGIN PRIVATE KEY-----"))[:32]: "a base64-encoded PEM private key (Secret data)",
+		"80, 82, 73, 86, 65, 84, 69, 32, 75, 69, 89":                                  "the bytes of \"PRIVATE KEY\" as a Debug list",
+	}
+	for k := range keys {
+		block, _ := pem.Decode([]byte(k))
+		if block == nil {
+			t.Fatalf("a Secret holds a private key that is not PEM (%d bytes)", len(k))
+		}
+		id := fingerprint(block.Bytes)[:12]
+		for i, line := range strings.Split(strings.TrimSpace(string(pem.EncodeToMemory(&pem.Block{Type: block.Type, Bytes: block.Bytes}))), "\n") {
+			if !strings.HasPrefix(line, "-----") {
+				leaks[line] = fmt.Sprintf("line %d of the PEM of key %s", i, id)
+			}
+		}
+		leaks[base64.StdEncoding.EncodeToString(block.Bytes)] = "the DER of key " + id + " in base64"
+		leaks[hex.EncodeToString(block.Bytes)] = "the DER of key " + id + " in hex"
+		parsed, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+		if err != nil {
+			t.Fatalf("key %s: %v", id, err)
+		}
+		ec, ok := parsed.(*ecdsa.PrivateKey)
+		if !ok {
+			t.Fatalf("key %s is a %T, not ECDSA", id, parsed)
+		}
+		scalar, err := ec.Bytes()
+		if err != nil {
+			t.Fatalf("key %s: %v", id, err)
+		}
+		leaks[hex.EncodeToString(scalar)] = "the private scalar of key " + id + " in hex"
+		leaks[base64.StdEncoding.EncodeToString(scalar)] = "the private scalar of key " + id + " in base64"
+		leaks[base64.RawStdEncoding.EncodeToString(scalar)] = "the private scalar of key " + id + " in unpadded base64"
+	}
+	return leaks
+}
+
+// checkLogsFreeOfKeys fails if any replica log holds any form of any of keys (SECURITY.md: key
+// material is never logged).
+func checkLogsFreeOfKeys(t *testing.T, logs []string, keys map[string]bool) {
+	t.Helper()
+	leaks := keyLeaks(t, keys)
+	// The patterns find a key even without its PEM armour: its body, joined, as one base64 string.
+	for k := range keys {
+		block, _ := pem.Decode([]byte(k))
+		if found := leaksIn([]byte("key="+base64.StdEncoding.EncodeToString(block.Bytes)), leaks); len(found) == 0 {
+			t.Fatal("the leak patterns do not find a key's base64 DER")
+		}
+	}
+	var total int
+	for _, path := range logs {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += len(data)
+		for _, what := range leaksIn(data, leaks) {
+			t.Errorf("%s holds %s", filepath.Base(path), what)
+		}
+	}
+	if len(logs) == 0 || total == 0 {
+		t.Fatalf("no replica logs to check (%d files, %d bytes)", len(logs), total)
+	}
+	t.Logf("%d replica logs (%d bytes) hold none of %d patterns of %d private keys", len(logs), total, len(leaks), len(keys))
+}
+
+// leaksIn: what of leaks (pattern -> description) data holds.
+func leaksIn(data []byte, leaks map[string]string) []string {
+	var out []string
+	for pattern, what := range leaks {
+		if i := bytes.Index(data, []byte(pattern)); i >= 0 {
+			out = append(out, fmt.Sprintf("%s (at byte %d)", what, i))
+		}
+	}
+	return out
 }
 
 // waitPhase waits for the CA rotation phase (and a next CA) to be what is asked.
