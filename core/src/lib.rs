@@ -13,6 +13,7 @@ pub mod patch;
 pub mod pod;
 pub mod policy;
 pub mod quantity;
+pub mod requests;
 
 /// How much of a rule's decision to keep: the patch is always computed; the per-resource
 /// account (for `review --explain` and tests) only when asked for.

@@ -194,6 +194,26 @@ impl Quantity {
     pub fn to_units_floor(&self, scale: u32) -> Result<u128, QuantityError> {
         self.scaled_floor(scale, 1, 1)
     }
+
+    /// `ceil(self × 10^scale)`: whole units of `10^-scale`, rounded up as the API server's
+    /// `MilliValue` and `Value` round (scale 9: the nano precision it keeps).
+    pub fn to_units_ceil(&self, scale: u32) -> Result<u128, QuantityError> {
+        let floor = self.to_units_floor(scale)?;
+        let e = i64::from(self.exponent) + i64::from(scale);
+        // Below the unit only when the exponent is negative after scaling: then there is a
+        // remainder if the mantissa is not a multiple of 10^-e.
+        let exact = e >= 0
+            || u32::try_from(-e)
+                .ok()
+                .and_then(pow10)
+                .is_some_and(|p| self.mantissa.is_multiple_of(p));
+        if exact {
+            return Ok(floor);
+        }
+        floor
+            .checked_add(1)
+            .ok_or_else(|| QuantityError::Overflow(self.to_string()))
+    }
 }
 
 /// `e3`, `E-2`, `e+5` -> the exponent; anything else -> None.
@@ -502,6 +522,17 @@ mod tests {
         assert_eq!(q("0.5").to_units_floor(0), Ok(0));
         assert_eq!(q("1.9Ki").to_units_floor(0), Ok(1945)); // 1945.6 bytes
         assert_eq!(q("3920m").to_units_floor(3), Ok(3920));
+    }
+
+    #[test]
+    fn ceils_to_whole_units() {
+        assert_eq!(q("1500u").to_units_ceil(3), Ok(2)); // 1.5 millicores -> 2m
+        assert_eq!(q("0.5").to_units_ceil(0), Ok(1));
+        assert_eq!(q("1.9Ki").to_units_ceil(0), Ok(1946));
+        assert_eq!(q("3920m").to_units_ceil(3), Ok(3920));
+        assert_eq!(q("1e-40").to_units_ceil(9), Ok(1)); // below what 10^38 divides
+        assert_eq!(q("0").to_units_ceil(0), Ok(0));
+        assert_eq!(q("2Mi").to_units_ceil(9), Ok(2_097_152_000_000_000));
     }
 
     #[test]
