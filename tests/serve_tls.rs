@@ -19,7 +19,7 @@ fn leaf_pair() -> (Pki, Leaf) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls12_tls13_and_alpn_negotiate() {
     let (pki, leaf) = leaf_pair();
-    let w = Webhook::start(&leaf, &[]);
+    let w = Webhook::start(&leaf, &["--http2", "--tls-min-version=1.2"]);
     w.wait_ready().await;
     for (version, want) in [
         (&rustls::version::TLS13, rustls::ProtocolVersion::TLSv1_3),
@@ -45,9 +45,90 @@ async fn tls12_tls13_and_alpn_negotiate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutate_over_http1_keepalive_and_http2() {
+async fn by_default_only_tls13_and_http1_are_offered() {
     let (pki, leaf) = leaf_pair();
     let w = Webhook::start(&leaf, &[]);
+    w.wait_ready().await;
+    let tls13 = [&rustls::version::TLS13];
+    let tls12 = [&rustls::version::TLS12];
+    // TLS 1.2 is refused.
+    let cfg = client_config(pki.ca_der(), &tls12, &[b"http/1.1"]);
+    assert!(
+        tls_connect(w.webhook, cfg).await.is_err(),
+        "TLS 1.2 accepted"
+    );
+    // A client offering h2 and http/1.1 gets http/1.1; one offering only h2 is refused.
+    let cfg = client_config(pki.ca_der(), &tls13, &[b"h2", b"http/1.1"]);
+    let s = tls_connect(w.webhook, cfg).await.expect("handshake");
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    assert_eq!(
+        s.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_3)
+    );
+    let cfg = client_config(pki.ca_der(), &tls13, &[b"h2"]);
+    assert!(tls_connect(w.webhook, cfg).await.is_err(), "h2 negotiated");
+    // HTTP/2 with prior knowledge over http/1.1 is not served either.
+    let c = client_for(&w, pki.ca_der(), true);
+    assert!(
+        c.post(url(&w, "/mutate"))
+            .json(&node_review("h2", "4"))
+            .send()
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_must_send_a_request_within_the_header_timeout() {
+    let (pki, leaf) = leaf_pair();
+    let w = Webhook::start(
+        &leaf,
+        &["--http2", "--header-read-timeout=1s", "--idle-timeout=60s"],
+    );
+    w.wait_ready().await;
+    let cfg = || client_config(pki.ca_der(), &all_versions(), &[b"h2"]);
+    // The connection preface and part of a frame, then nothing: cut off after ~1 s.
+    let mut s = tls_connect(w.webhook, cfg()).await.expect("tls");
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let started = Instant::now();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00")
+        .await
+        .expect("write");
+    assert!(
+        closed_within(&mut s, Duration::from_secs(5)).await,
+        "a silent HTTP/2 connection was kept past the header timeout"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    // A connection whose first request came in time stays open past it (idle timeout 60 s).
+    let c = client_for(&w, pki.ca_der(), true);
+    for i in 0..2 {
+        let r = c
+            .post(url(&w, "/mutate"))
+            .json(&node_review(&format!("h2-{i}"), "4"))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.version(), reqwest::Version::HTTP_2);
+        assert_eq!(r.status(), 200);
+        if i == 0 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+    }
+    assert_eq!(
+        metric_value(&w.metrics().await, "kube_overcommit_open_connections"),
+        1.0,
+        "the HTTP/2 connection was not reused after the header timeout"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutate_over_http1_keepalive_and_http2() {
+    let (pki, leaf) = leaf_pair();
+    let w = Webhook::start(&leaf, &["--http2"]);
     w.wait_ready().await;
     for http2 in [false, true] {
         let client = client_for(&w, pki.ca_der(), http2);
@@ -719,7 +800,10 @@ async fn policy_file_reloads_and_a_bad_file_keeps_the_last_good_set() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed() {
     let (pki, leaf) = leaf_pair();
-    let w = Webhook::start(&leaf, &["--idle-timeout=1s", "--header-read-timeout=30s"]);
+    let w = Webhook::start(
+        &leaf,
+        &["--http2", "--idle-timeout=1s", "--header-read-timeout=30s"],
+    );
     w.wait_ready().await;
     let open = |m: &str| metric_value(m, "kube_overcommit_open_connections");
     for http2 in [true, false] {
@@ -821,7 +905,7 @@ async fn connection_limit_holds_extra_clients_in_the_backlog() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_body_over_the_limit_gets_413() {
     let (pki, leaf) = leaf_pair();
-    let w = Webhook::start(&leaf, &["--max-body-bytes=8388608"]);
+    let w = Webhook::start(&leaf, &["--http2", "--max-body-bytes=8388608"]);
     w.wait_ready().await;
     let c = client_for(&w, pki.ca_der(), true);
     let r = c
@@ -905,4 +989,29 @@ fn bad_flags_are_refused_clearly() {
         .expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid duration"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_port_connection_limit_holds_extra_clients_in_the_backlog() {
+    let (_pki, leaf) = leaf_pair();
+    let w = Webhook::start(&leaf, &["--probe-max-connections=2"]);
+    w.wait_ready().await;
+    // Two idle connections take both slots.
+    let first = TcpStream::connect(w.probes).await.expect("first");
+    let _second = TcpStream::connect(w.probes).await.expect("second");
+    let addr = w.probes;
+    let third = tokio::spawn(async move { http_get(addr, "/healthz").await });
+    assert!(
+        !wait_until(Duration::from_millis(1500), || async {
+            third.is_finished()
+        })
+        .await,
+        "a third probe connection was served above --probe-max-connections=2"
+    );
+    drop(first);
+    let (status, _) = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("served once a slot is free")
+        .expect("task");
+    assert_eq!(status, 200);
 }
