@@ -215,6 +215,19 @@ fn client_roots(path: &std::path::Path) -> Result<rustls::RootCertStore, ServerE
     Ok(roots)
 }
 
+/// The body budget of `--max-inflight-body-bytes`, which must let a body of
+/// `--max-body-bytes` be received whole.
+fn budget_for(args: &ServerArgs) -> Result<Budget, ServerError> {
+    let budget = Budget::new(args.max_inflight_body_bytes);
+    if args.max_body_bytes > budget.pool_bytes() {
+        return Err(ServerError::BudgetTooSmall {
+            max_body: args.max_body_bytes,
+            budget: args.max_inflight_body_bytes,
+        });
+    }
+    Ok(budget)
+}
+
 /// A bound webhook listener, ready to serve.
 pub struct Server<H> {
     listener: TcpListener,
@@ -234,13 +247,7 @@ impl<H: Handler> Server<H> {
         handler: Arc<H>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServerError> {
-        let budget = Arc::new(Budget::new(args.max_inflight_body_bytes));
-        if args.max_body_bytes > budget.pool_bytes() {
-            return Err(ServerError::BudgetTooSmall {
-                max_body: args.max_body_bytes,
-                budget: args.max_inflight_body_bytes,
-            });
-        }
+        let budget = Arc::new(budget_for(args)?);
         let listener =
             TcpListener::bind(args.listen)
                 .await
@@ -317,5 +324,72 @@ impl<H: Handler> Server<H> {
         drop(alive_tx);
         let _ = alive_rx.recv().await;
         tracing::info!("all webhook connections closed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        server: ServerArgs,
+    }
+
+    fn args(argv: &[&str]) -> ServerArgs {
+        let argv = std::iter::once("test").chain(argv.iter().copied());
+        Flags::try_parse_from(argv).expect("flags").server
+    }
+
+    #[test]
+    fn the_budget_must_hold_one_largest_body_per_half() {
+        let cases = [
+            (&[][..], true),
+            (&["--max-inflight-body-bytes=33554432"], true),
+            (&["--max-inflight-body-bytes=16777216"], false),
+            (
+                &[
+                    "--max-inflight-body-bytes=16777216",
+                    "--max-body-bytes=8388608",
+                ],
+                true,
+            ),
+        ];
+        for (argv, ok) in cases {
+            assert_eq!(budget_for(&args(argv)).is_ok(), ok, "{argv:?}");
+        }
+        assert!(
+            Flags::try_parse_from(["test", "--max-inflight-body-bytes=1000"]).is_err(),
+            "below 16 MiB"
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_hardened_ones() {
+        let a = args(&[]);
+        assert_eq!(a.tls_min_version, TlsVersion::Tls13);
+        assert!(!a.http2);
+        assert_eq!(a.max_connections, 1024);
+        assert_eq!(a.max_inflight_body_bytes, 64 * 1024 * 1024);
+        assert!(a.client_ca_file.is_none());
+    }
+
+    #[test]
+    fn a_client_ca_file_without_certificates_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let empty = dir.path().join("ca.crt");
+        std::fs::write(&empty, "not a certificate\n").expect("write");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let resolver = Arc::new(CertResolver::new());
+        for (file, want) in [
+            (empty, "no usable PEM"),
+            (dir.path().join("missing"), "reading"),
+        ] {
+            let a = args(&[&format!("--client-ca-file={}", file.display())]);
+            let err = tls_config(&a, provider.clone(), resolver.clone()).expect_err("refused");
+            assert!(err.to_string().contains(want), "{err}");
+        }
     }
 }
