@@ -96,7 +96,8 @@ impl BodyBudget {
             budget: self.clone(),
             declared: declared.filter(|&n| n <= DECLARED_MAX),
             held: 0,
-            permits: Vec::new(),
+            pool: None,
+            conn: None,
         };
         if let Some(n) = r.declared {
             r.take(n).await?;
@@ -112,7 +113,9 @@ pub struct Reservation {
     /// The whole length, for a small declared body.
     declared: Option<u64>,
     held: u64,
-    permits: Vec<OwnedSemaphorePermit>,
+    /// Permits of the pool and of the connection cap, merged as they grow (no allocation).
+    pool: Option<OwnedSemaphorePermit>,
+    conn: Option<OwnedSemaphorePermit>,
 }
 
 impl Reservation {
@@ -146,11 +149,18 @@ impl Reservation {
         };
         let wait = self.budget.budget.wait;
         if let Some(conn) = &self.budget.conn {
-            self.permits.push(acquire(conn, n32, wait).await?);
+            keep(&mut self.conn, acquire(conn, n32, wait).await?);
         }
-        self.permits.push(acquire(pool, n32, wait).await?);
+        keep(&mut self.pool, acquire(pool, n32, wait).await?);
         self.held += n;
         Ok(())
+    }
+}
+
+fn keep(held: &mut Option<OwnedSemaphorePermit>, more: OwnedSemaphorePermit) {
+    match held {
+        Some(p) => p.merge(more),
+        None => *held = Some(more),
     }
 }
 
