@@ -8,6 +8,9 @@ from common import apiserver_markdown
 
 PRODUCT, GO, FLOOR = "kube-overcommit", "go-webhook", "floor"
 TARGET_PAYLOAD = "node-55k"
+# Measured by a test, not by bench.py (it takes the server out of its normal operation); kept in
+# its own file, written by hand with the date and the command, and carried into every rendering.
+HAND_SECTIONS = [Path(__file__).resolve().parent / "hostile-memory.md"]
 
 
 METHOD_NOTES = [
@@ -257,6 +260,9 @@ def render(results: dict) -> str:
             L.append(f"| {name} | {_mib(s.get('fresh_rss_128_conns_kib'))} | {_mib(s.get('rss_128_conns_kib'))} | "
                      f"{_mib(s.get('peak_rss_kib'))} |")
         L.append("")
+    for hand in HAND_SECTIONS:
+        if hand.exists():
+            L.append(hand.read_text().rstrip() + "\n")
     api = results.get("apiserver")
     L.append("## Through the API server\n")
     if not api:

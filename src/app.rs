@@ -176,7 +176,7 @@ async fn start(
     });
     let server = Server::bind(
         &args.server,
-        tls_config(provider, resolver.clone())?,
+        tls_config(&args.server, provider, resolver.clone())?,
         webhook,
         shared.metrics.clone(),
     )

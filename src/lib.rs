@@ -9,6 +9,7 @@
 //! - I/O at the edges: `server`, `probes`, `sources`, `leader`, `cli`.
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod admission;
 pub mod app;
 pub mod cli;

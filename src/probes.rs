@@ -30,6 +30,15 @@ pub struct ProbeArgs {
         default_value = "0.0.0.0:8080"
     )]
     pub probe_listen: SocketAddr,
+
+    /// Most connections open at once on the probe port; further clients wait in the listen
+    /// backlog. The kubelet and a Prometheus scraper need a few.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_PROBE_MAX_CONNECTIONS",
+        default_value_t = 64
+    )]
+    pub probe_max_connections: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,43 +136,43 @@ pub async fn bind(
         addr: args.probe_listen,
         source,
     })?;
+    let max_connections = args.probe_max_connections;
     let serve = async move {
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs(10))
             .keep_alive(true);
-        loop {
-            let (stream, _) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "probe accept failed");
-                        continue;
+        let stop = shutdown.clone();
+        crate::accept::run(
+            &listener,
+            max_connections,
+            async move { stop.stopped().await },
+            "probes",
+            |stream, _, permit| {
+                let readiness = readiness.clone();
+                let metrics = metrics.clone();
+                let conn = http.serve_connection(
+                    TokioIo::new(stream),
+                    hyper::service::service_fn(move |req| {
+                        let resp = respond(&req, &readiness, &metrics);
+                        async move { Ok::<_, Infallible>(resp) }
+                    }),
+                );
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    let mut conn = std::pin::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = shutdown.stopped() => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+                        }
                     }
-                },
-                _ = shutdown.stopped() => break,
-            };
-            let readiness = readiness.clone();
-            let metrics = metrics.clone();
-            let conn = http.serve_connection(
-                TokioIo::new(stream),
-                hyper::service::service_fn(move |req| {
-                    let resp = respond(&req, &readiness, &metrics);
-                    async move { Ok::<_, Infallible>(resp) }
-                }),
-            );
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let mut conn = std::pin::pin!(conn);
-                tokio::select! {
-                    _ = conn.as_mut() => {}
-                    _ = shutdown.stopped() => {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
-                    }
-                }
-            });
-        }
+                    drop(permit);
+                });
+            },
+        )
+        .await;
     };
     Ok((addr, serve))
 }

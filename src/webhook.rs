@@ -20,6 +20,7 @@ use overcommit_core::policy::PolicySet;
 use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
 use crate::metrics::{HeartbeatsKeptLabels, Metrics, RejectLabels};
 use crate::server::Handler;
+use crate::server::budget::{BodyBudget, Exhausted, Reservation};
 
 /// What the handler needs from `admission::Handled`, plus why it failed open or was refused.
 struct Answer {
@@ -80,16 +81,23 @@ enum BodyError {
     TooLarge,
     Read(hyper::Error),
     TimedOut,
+    Busy,
+}
+
+impl From<Exhausted> for BodyError {
+    fn from(_: Exhausted) -> Self {
+        BodyError::Busy
+    }
 }
 
 impl Handler for Webhook {
-    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        self.route(req).await
+    async fn handle(&self, req: Request<Incoming>, budget: BodyBudget) -> Response<Full<Bytes>> {
+        self.route(req, budget).await
     }
 }
 
 impl Webhook {
-    async fn route(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn route(&self, req: Request<Incoming>, budget: BodyBudget) -> Response<Full<Bytes>> {
         let start = Instant::now();
         if req.uri().path() != MUTATE_PATH {
             return self.reject(
@@ -122,10 +130,26 @@ impl Webhook {
             .query()
             .and_then(query_timeout)
             .map_or(self.body_timeout, |t| t.min(self.body_timeout));
-        let capacity = declared.map_or(DEFAULT_BODY_CAPACITY, |n| n as usize);
-        let body = match read_body(req.into_body(), self.max_body_bytes, capacity, timeout).await {
-            Ok(b) => b,
+        // The reservation is held until the review is answered and the body freed.
+        let (body, _reserved) = match read_body(
+            req.into_body(),
+            &budget,
+            declared,
+            self.max_body_bytes,
+            timeout,
+        )
+        .await
+        {
+            Ok(read) => read,
             Err(BodyError::TooLarge) => return self.too_large(version),
+            // The API server fails open on 503 (failurePolicy: Ignore).
+            Err(BodyError::Busy) => {
+                return self.body_unread(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many request bodies in flight (--max-inflight-body-bytes); retry later\n",
+                    version,
+                );
+            }
             Err(BodyError::TimedOut) => {
                 return self.reject(
                     StatusCode::REQUEST_TIMEOUT,
@@ -193,10 +217,21 @@ impl Webhook {
     }
 
     fn too_large(&self, version: http::Version) -> Response<Full<Bytes>> {
-        let mut r = self.reject(
+        self.body_unread(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request body exceeds the size limit (--max-body-bytes)\n",
-        );
+            version,
+        )
+    }
+
+    /// A refusal before the whole body was read.
+    fn body_unread(
+        &self,
+        status: StatusCode,
+        msg: &'static str,
+        version: http::Version,
+    ) -> Response<Full<Bytes>> {
+        let mut r = self.reject(status, msg);
         // HTTP/1.1: the rest of the body is not read, so the connection cannot be reused.
         // (HTTP/2 resets just the stream; connection headers are not allowed there.)
         if version <= http::Version::HTTP_11 {
@@ -228,24 +263,32 @@ fn content_length(v: Option<&HeaderValue>) -> Result<Option<u64>, ()> {
     }
 }
 
+/// Collect the body into one buffer, reserving its bytes in the budget as they arrive
+/// (a small declared length at once) and before they are copied.
 async fn read_body(
     mut body: Incoming,
+    budget: &BodyBudget,
+    declared: Option<u64>,
     limit: usize,
-    capacity: usize,
     timeout: Duration,
-) -> Result<Vec<u8>, BodyError> {
+) -> Result<(Vec<u8>, Reservation), BodyError> {
     let collect = async {
+        let mut reserved = budget.start(declared).await?;
+        let capacity = declared.map_or(DEFAULT_BODY_CAPACITY, |n| n as usize);
         let mut buf = Vec::with_capacity(capacity.min(limit));
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(BodyError::Read)?;
             if let Ok(data) = frame.into_data() {
-                if buf.len() + data.len() > limit {
+                let len = buf.len() + data.len();
+                if len > limit {
                     return Err(BodyError::TooLarge);
                 }
+                reserved.cover(len as u64).await?;
                 buf.extend_from_slice(&data);
             }
         }
-        Ok(buf)
+        // The bytes stay reserved until the review is answered and the buffer freed.
+        Ok((buf, reserved))
     };
     tokio::time::timeout(timeout, collect)
         .await

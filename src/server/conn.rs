@@ -1,6 +1,7 @@
-//! One webhook connection: TLS handshake (bounded), HTTP/2 when ALPN chose `h2` and
-//! HTTP/1.1 otherwise, a header-read timeout counted from the first byte of each request, an
-//! idle timeout, and graceful close on drain.
+//! One webhook connection: TLS handshake (bounded), HTTP/2 when ALPN chose `h2` (offered only
+//! with `--http2`) and HTTP/1.1 otherwise, a header-read timeout (HTTP/1.1: from the first byte
+//! of each request; HTTP/2: from the handshake to the first request), an idle timeout, the
+//! connection's share of the body budget, and graceful close on drain.
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
 use super::Handler;
+use super::budget::{BodyBudget, Budget};
 use crate::metrics::Metrics;
 use crate::shutdown::Signal;
 
@@ -26,6 +28,8 @@ pub(super) struct Connection<H> {
     pub(super) http1: Arc<auto::Builder<TokioExecutor>>,
     pub(super) http2: Arc<auto::Builder<TokioExecutor>>,
     pub(super) metrics: Arc<Metrics>,
+    pub(super) budget: Arc<Budget>,
+    pub(super) connection_body_cap: u64,
     pub(super) handshake_timeout: Duration,
     pub(super) header_read_timeout: Duration,
     pub(super) idle_timeout: Duration,
@@ -93,18 +97,26 @@ impl<H: Handler> Connection<H> {
             opened: Instant::now(),
             in_flight: AtomicUsize::new(0),
             last_ms: AtomicU64::new(0),
-            headers_since_ms: AtomicU64::new(0),
+            // HTTP/2: the connection's first request must be complete within the header
+            // timeout (from now: after the handshake); its frames are not tracked per request.
+            headers_since_ms: AtomicU64::new(u64::from(is_h2)),
         });
+        let budget = if is_h2 {
+            BodyBudget::with_connection_cap(self.budget.clone(), self.connection_body_cap)
+        } else {
+            BodyBudget::new(self.budget.clone())
+        };
         let handler = self.handler.clone();
         let act = activity.clone();
         let service = hyper::service::service_fn(move |req| {
             let handler = handler.clone();
             let act = act.clone();
+            let budget = budget.clone();
             async move {
                 act.in_flight.fetch_add(1, Ordering::Relaxed);
                 act.headers_since_ms.store(0, Ordering::Relaxed);
                 let _guard = InFlight(&act);
-                Ok::<_, std::convert::Infallible>(handler.handle(req).await)
+                Ok::<_, std::convert::Infallible>(handler.handle(req, budget).await)
             }
         });
         let io = TokioIo::new(Watched {
@@ -137,7 +149,7 @@ impl<H: Handler> Connection<H> {
                     tracing::debug!(%peer, "closing idle connection");
                     conn.as_mut().graceful_shutdown();
                 }
-                _ = slow_headers(&activity, self.header_read_timeout), if !is_h2 => {
+                _ = slow_headers(&activity, self.header_read_timeout) => {
                     tracing::debug!(%peer, "request headers not received in time; closing");
                     return;
                 }

@@ -16,7 +16,9 @@ package e2e
 //     each inflated node, also after the Lease is handed to the other replica while both run;
 //     a node's series goes when it loses the annotation.
 //
-// Throughout, no fake kubelet status write or registration fails.
+// Throughout, no fake kubelet status write or registration fails. The API server presents a
+// client certificate (its AdmissionConfiguration) and the replicas require one
+// (--client-ca-file): a client without one, or with another CA's, is refused.
 
 import (
 	"context"
@@ -25,6 +27,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,7 +66,10 @@ var ocPolicies = schema.GroupVersionResource{Group: "overcommit.dev", Version: "
 
 func TestOvercommit(t *testing.T) {
 	start := time.Now()
-	c := harness.Start(t, harness.Options{})
+	// The API server authenticates to the webhook with a client certificate, which the
+	// replicas require (issue 19, item 7): every review below goes over that mutual TLS.
+	auth := newWebhookClientAuth(t, install.DefaultService+"."+install.DefaultNamespace+".svc")
+	c := harness.Start(t, harness.Options{APIServerArgs: auth.APIServerArgs})
 	ctx := harness.Context(t, 4*time.Minute)
 	cs := c.Client
 	dyn, err := dynamic.NewForConfig(c.RestConfig)
@@ -71,7 +77,13 @@ func TestOvercommit(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	in := installReplicas(t, ctx, c, ocServeArgs...)
+	in := installReplicas(t, ctx, c, append(slices.Clone(ocServeArgs), "--client-ca-file="+auth.CAFile)...)
+	for _, r := range in.Replicas() {
+		if err := auth.checkRefused(r.Listen); err != nil {
+			t.Fatalf("replica %d: %v", r.Index, err)
+		}
+	}
+	t.Logf("replicas require the API server's client certificate: none or another CA's is refused in the handshake")
 	t.Logf("installed: %s (%.1fs)", in.Summary(), time.Since(start).Seconds())
 
 	// Status writes every second; an unchanged (not inflated) node still reports every 3 s, so
