@@ -1,6 +1,8 @@
 // Package pki creates the certificates of a local control plane: one CA, the API server's
 // serving certificate for 127.0.0.1/localhost, an admin client certificate (system:masters),
-// the service-account signing key pair, and the admin kubeconfig.
+// the aggregator's front-proxy client certificate, metrics-server's serving certificate, the
+// service-account signing key pair, and the admin kubeconfig. IssueServing signs more serving
+// certificates (the fake kubelets') with the same CA.
 package pki
 
 import (
@@ -9,6 +11,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -29,7 +32,20 @@ type Files struct {
 	ServingCert, ServingKey string
 	AdminCert, AdminKey     string
 	SAKey, SAPub            string
+	// FrontProxyCert/Key: the aggregator's client certificate (--proxy-client-cert-file), CN
+	// FrontProxyCN, trusted through --requestheader-client-ca-file (the same CA).
+	FrontProxyCert, FrontProxyKey string
+	// MetricsServerCert/Key: metrics-server's serving certificate for MetricsServerDNS and
+	// 127.0.0.1 (the aggregator verifies it with the APIService's caBundle = CACert).
+	MetricsServerCert, MetricsServerKey string
 }
+
+// FrontProxyCN is the front-proxy client certificate's name (--requestheader-allowed-names).
+const FrontProxyCN = "kcp-front-proxy"
+
+// MetricsServerDNS is the name the aggregator expects on metrics-server's certificate: the
+// TLS ServerName of Service kube-system/metrics-server.
+const MetricsServerDNS = "metrics-server.kube-system.svc"
 
 // FilesIn names the files under dir.
 func FilesIn(dir string) Files {
@@ -39,15 +55,18 @@ func FilesIn(dir string) Files {
 		ServingCert: p("apiserver.crt"), ServingKey: p("apiserver.key"),
 		AdminCert: p("admin.crt"), AdminKey: p("admin.key"),
 		SAKey: p("sa.key"), SAPub: p("sa.pub"),
+		FrontProxyCert: p("front-proxy-client.crt"), FrontProxyKey: p("front-proxy-client.key"),
+		MetricsServerCert: p("metrics-server.crt"), MetricsServerKey: p("metrics-server.key"),
 	}
 }
 
 // Ensure creates the files under dir unless the CA already exists (a restart keeps the PKI,
-// so existing kubeconfigs and tokens stay valid).
+// so existing kubeconfigs and tokens stay valid); certificates added since (front proxy,
+// metrics-server) are issued by the existing CA when missing.
 func Ensure(dir string) (Files, error) {
 	f := FilesIn(dir)
 	if _, err := os.Stat(f.AdminKey); err == nil {
-		return f, nil
+		return f, ensureExtra(f)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return f, err
@@ -106,6 +125,9 @@ func Ensure(dir string) (Files, error) {
 	}, f.AdminCert, f.AdminKey); err != nil {
 		return f, err
 	}
+	if err := ensureExtra(f); err != nil {
+		return f, err
+	}
 	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		return f, err
@@ -121,6 +143,98 @@ func Ensure(dir string) (Files, error) {
 		return f, err
 	}
 	return f, nil
+}
+
+// ensureExtra issues the front-proxy client and metrics-server serving certificates if missing.
+func ensureExtra(f Files) error {
+	ca, err := loadCA(f)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(f.FrontProxyKey); err != nil {
+		der, key, err := ca.sign(&x509.Certificate{
+			Subject:     pkix.Name{CommonName: FrontProxyCN},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		})
+		if err != nil {
+			return err
+		}
+		if err := writeCertKey(f.FrontProxyCert, f.FrontProxyKey, der, key); err != nil {
+			return err
+		}
+	}
+	if _, err := os.Stat(f.MetricsServerKey); err != nil {
+		der, key, err := ca.sign(servingTemplate("metrics-server", MetricsServerDNS))
+		if err != nil {
+			return err
+		}
+		if err := writeCertKey(f.MetricsServerCert, f.MetricsServerKey, der, key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type authority struct {
+	cert *x509.Certificate
+	key  crypto.Signer
+}
+
+func loadCA(f Files) (*authority, error) {
+	pair, err := tls.LoadX509KeyPair(f.CACert, f.CAKey)
+	if err != nil {
+		return nil, fmt.Errorf("load CA: %w", err)
+	}
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("parse CA: %w", err)
+	}
+	key, ok := pair.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("CA key %s cannot sign", f.CAKey)
+	}
+	return &authority{cert: cert, key: key}, nil
+}
+
+func (a *authority) sign(tmpl *x509.Certificate) ([]byte, crypto.Signer, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now().Add(-time.Hour)
+	tmpl.SerialNumber = serial.Add(serial, big.NewInt(100))
+	tmpl.NotBefore = now
+	tmpl.NotAfter = now.Add(10 * 365 * 24 * time.Hour)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
+	return der, key, err
+}
+
+func servingTemplate(cn string, dns ...string) *x509.Certificate {
+	return &x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		DNSNames:    dns,
+	}
+}
+
+// IssueServing signs, with the CA of f, an in-memory serving certificate for 127.0.0.1 and
+// dns (a fake kubelet's: clients verify it with CACert).
+func IssueServing(f Files, cn string, dns ...string) (tls.Certificate, error) {
+	ca, err := loadCA(f)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	der, key, err := ca.sign(servingTemplate(cn, dns...))
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
 func writeCertKey(certPath, keyPath string, der []byte, key crypto.Signer) error {

@@ -124,8 +124,14 @@ func Supervise(opts Options) error {
 			"--secure-port=" + strconv.Itoa(st.APIServerPort),
 			"--tls-cert-file=" + files.ServingCert, "--tls-private-key-file=" + files.ServingKey,
 			"--client-ca-file=" + files.CACert,
-			// Quiets the components' "missing requestheader CA" errors; no front proxy uses it.
-			"--requestheader-client-ca-file=" + files.CACert, "--requestheader-allowed-names=kcp-front-proxy",
+			// The aggregation layer: the API server proxies to aggregated APIs (metrics-server's
+			// metrics.k8s.io) with the front-proxy client certificate and the user in these
+			// headers; the aggregated server trusts them through the requestheader CA it reads
+			// from kube-system/extension-apiserver-authentication.
+			"--requestheader-client-ca-file=" + files.CACert, "--requestheader-allowed-names=" + pki.FrontProxyCN,
+			"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+			"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+			"--proxy-client-cert-file=" + files.FrontProxyCert, "--proxy-client-key-file=" + files.FrontProxyKey,
 			"--service-account-key-file=" + files.SAPub, "--service-account-signing-key-file=" + files.SAKey,
 			"--service-account-issuer=https://kubernetes.default.svc",
 			"--service-cluster-ip-range=10.0.0.0/24",
