@@ -452,6 +452,39 @@ func (s *SecretVolume) Stop() error { return stopCmd(s.cmd, s.done) }
 // PID of the process.
 func (s *SecretVolume) PID() int { return s.cmd.Process.Pid }
 
+// MetricsServer is a running `kcp metrics-server` process: the real metrics-server, registered
+// as APIService v1beta1.metrics.k8s.io on this control plane's aggregator.
+type MetricsServer struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartMetricsServer runs `kcp metrics-server` (a child of the test; log in
+// <run>/logs/metrics-server.log). It scrapes the fake nodes started with
+// "--resource-metrics" every 10 s; args are more metrics-server flags.
+func (c *Cluster) StartMetricsServer(args ...string) (*MetricsServer, error) {
+	cmd, err := c.startChild(filepath.Join(c.RunDir, "logs", "metrics-server.log"),
+		append([]string{"metrics-server", "--run-dir=" + c.RunDir}, args...))
+	if err != nil {
+		return nil, err
+	}
+	m := &MetricsServer{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(m.done) }()
+	return m, nil
+}
+
+// Stop sends SIGTERM and waits (10 s, then SIGKILL).
+func (m *MetricsServer) Stop() error { return stopCmd(m.cmd, m.done) }
+
+// Kill sends SIGKILL and waits.
+func (m *MetricsServer) Kill() {
+	_ = m.cmd.Process.Kill()
+	<-m.done
+}
+
+// PID of the process.
+func (m *MetricsServer) PID() int { return m.cmd.Process.Pid }
+
 // Eventually polls f every interval until it returns nil or timeout passes, returning the last
 // error. Tests wait on conditions with it rather than sleeping.
 func Eventually(timeout, interval time.Duration, f func() error) error {

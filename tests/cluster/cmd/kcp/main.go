@@ -5,10 +5,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -22,6 +24,8 @@ import (
 
 	"kube-overcommit/tests/cluster/internal/components"
 	"kube-overcommit/tests/cluster/internal/fakenode"
+	"kube-overcommit/tests/cluster/internal/metricsserver"
+	"kube-overcommit/tests/cluster/internal/pki"
 	"kube-overcommit/tests/cluster/internal/podrunner"
 	"kube-overcommit/tests/cluster/internal/runfiles"
 	"kube-overcommit/tests/cluster/internal/secretvolume"
@@ -48,6 +52,9 @@ Usage: kcp <command> [flags]      (run dir: --run-dir, else $KCP_RUN_DIR, else $
   pod-runner [flags]        fake kubelets that run matching pods as local processes
   secret-volume [flags]     mirror a Secret into a directory like the kubelet
   kubectl [args]            kubectl (KUBECONFIG defaults to <run dir>/kubeconfig)
+  metrics-server [--port P] [upstream flags]
+                    the real metrics-server, registered as APIService v1beta1.metrics.k8s.io,
+                    scraping the fake kubelets started with --resource-metrics
   etcd | apiserver | scheduler | controller-manager  [upstream flags]   one component
 `
 
@@ -67,6 +74,8 @@ func main() {
 		code = components.ControllerManager(args)
 	case "kubectl":
 		code = components.Kubectl(args)
+	case "metrics-server":
+		code = cmdMetricsServer(args)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -264,6 +273,7 @@ func fakeNodeFlags(fs *pflag.FlagSet, defaultPrefix string) func(run runfiles.Di
 	runPods := fs.Bool("run-pods", true, "mark pods bound to these nodes Running/Ready and finish their deletion")
 	deleteOnExit := fs.Bool("delete-on-exit", false, "delete the Node and Lease objects on exit")
 	qps := fs.Float32("qps", 500, "client QPS limit (shared by all nodes of this process)")
+	resMetrics := fs.Bool("resource-metrics", false, "serve each node's GET /metrics/resource over TLS (certificate from the run's CA) on its own 127.0.0.1 port, published as the kubelet endpoint port; usage scripted by the "+fakenode.UsageAnnotation+" annotation")
 	return func(run runfiles.Dir) (fakenode.Config, error) {
 		if *count < 0 || *update <= 0 || *report <= 0 || *lease < 4*time.Second {
 			return fakenode.Config{}, fmt.Errorf("bad --count/--status-update-frequency/--status-report-frequency/--lease-duration")
@@ -288,11 +298,17 @@ func fakeNodeFlags(fs *pflag.FlagSet, defaultPrefix string) func(run runfiles.Di
 		if *statsFile == "" {
 			*statsFile = run.Stats(*prefix)
 		}
+		var kubeletCert func(string) (tls.Certificate, error)
+		if *resMetrics {
+			files := pki.FilesIn(run.PKI())
+			kubeletCert = func(node string) (tls.Certificate, error) { return pki.IssueServing(files, node, node) }
+		}
 		return fakenode.Config{
 			Client: client, Prefix: *prefix, Count: *count, StartIndex: *startIndex,
 			Shape:        fakenode.Shape{Capacity: capacity, Allocatable: alloc, Labels: *labels, Images: *images},
 			StatusUpdate: *update, StatusReport: *report, LeaseDuration: *lease, SlowThreshold: *slow,
 			MutatedAnno: *anno, StatsFile: *statsFile, StatsAddr: *statsAddr, RunPods: *runPods, DeleteOnExit: *deleteOnExit,
+			KubeletCert: kubeletCert,
 		}, nil
 	}
 }
@@ -448,4 +464,83 @@ func cmdBackend(args []string) error {
 	default:
 		return fmt.Errorf("unknown backend operation %q (add, remove, list)", op)
 	}
+}
+
+// cmdMetricsServer runs the real metrics-server on 127.0.0.1:--port (default: a free port),
+// registered with the API server's aggregator (package metricsserver); other flags go to
+// metrics-server after the defaults, so they override them. The registry backend is removed
+// when it stops; the APIService stays (metrics.k8s.io then answers 503).
+func cmdMetricsServer(args []string) int {
+	var rest []string
+	runDir, port, help := "", 0, false
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--run-dir="); ok {
+			runDir = v
+			continue
+		}
+		if v, ok := strings.CutPrefix(a, "--port="); ok {
+			p, err := strconv.Atoi(v)
+			if err != nil || p <= 0 || p > 65535 {
+				fmt.Fprintf(os.Stderr, "kcp metrics-server: bad --port %q\n", v)
+				return 2
+			}
+			port = p
+			continue
+		}
+		help = help || a == "-h" || a == "--help"
+		rest = append(rest, a)
+	}
+	if help {
+		return components.MetricsServer(rest)
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "kcp metrics-server: %v\n", err)
+		return 1
+	}
+	run, err := runfiles.Resolve(runDir)
+	if err != nil {
+		return fail(err)
+	}
+	files, err := pki.Ensure(run.PKI())
+	if err != nil {
+		return fail(err)
+	}
+	if port == 0 {
+		if port, err = supervisor.FreePort(); err != nil {
+			return fail(err)
+		}
+	}
+	cfg, err := restConfigFor("", run)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() {
+		if err := metricsserver.Unregister(run, port); err != nil {
+			fmt.Fprintf(os.Stderr, "kcp metrics-server: %v\n", err)
+		}
+	}()
+	// Registered once it serves, so the aggregator's first availability check succeeds; if
+	// registration fails, metrics-server is stopped and the command fails.
+	registered := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		err := metricsserver.RegisterWhenServing(ctx, cfg, run, files, port)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kcp metrics-server: register: %v\n", err)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+		} else {
+			fmt.Fprintf(os.Stderr, "kcp metrics-server: registered, serving on 127.0.0.1:%d\n", port)
+		}
+		registered <- err
+	}()
+	code := components.MetricsServer(append(metricsserver.Args(run, files, port), rest...))
+	select {
+	case err := <-registered:
+		if err != nil && code == 0 {
+			code = 1
+		}
+	default:
+	}
+	return code
 }

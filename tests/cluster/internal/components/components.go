@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/component-base/cli"
 	"k8s.io/component-base/logs"
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
@@ -22,6 +23,7 @@ import (
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	cmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	metricsserverapp "sigs.k8s.io/metrics-server/cmd/metrics-server/app"
 
 	"kube-overcommit/tests/cluster/internal/runfiles"
 	"kube-overcommit/tests/cluster/internal/services"
@@ -104,6 +106,14 @@ func Scheduler(args []string) int {
 func ControllerManager(args []string) int {
 	rest, _ := StripRunDir(args)
 	cmd := cmapp.NewControllerManagerCommand()
+	cmd.SetArgs(rest)
+	return cli.Run(cmd)
+}
+
+// MetricsServer runs metrics-server (sigs.k8s.io/metrics-server's own command) until SIGTERM.
+func MetricsServer(args []string) int {
+	rest, _ := StripRunDir(args)
+	cmd := metricsserverapp.NewMetricsServerCommand(genericapiserver.SetupSignalHandler())
 	cmd.SetArgs(rest)
 	return cli.Run(cmd)
 }

@@ -2,6 +2,7 @@ package fakenode
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log"
@@ -43,6 +44,10 @@ type Config struct {
 	// e.g. the pod runner's, which runs their processes).
 	PodFilter    func(*corev1.Pod) bool
 	DeleteOnExit bool
+	// KubeletCert, if set, makes each node serve its resource metrics (GET /metrics/resource,
+	// usage scripted by UsageAnnotation) over TLS with this certificate on its own 127.0.0.1
+	// port, published in status.daemonEndpoints.kubeletEndpoint.port as a kubelet does.
+	KubeletCert func(node string) (tls.Certificate, error)
 }
 
 // NodeName is the name of the i-th node of a group.
@@ -74,11 +79,31 @@ func Run(ctx context.Context, cfg Config) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); runPods(ctx, cfg.Client, names, cfg.PodFilter, box) }()
 	}
+	ports := map[string]int{}
+	if cfg.KubeletCert != nil {
+		rm, err := newResourceMetrics(ctx, cfg.Client, names)
+		if err != nil {
+			return err
+		}
+		for name := range names {
+			cert, err := cfg.KubeletCert(name)
+			if err != nil {
+				return fmt.Errorf("%s: serving certificate: %w", name, err)
+			}
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return err
+			}
+			ports[name] = l.Addr().(*net.TCPAddr).Port
+			wg.Add(1)
+			go func(name string) { defer wg.Done(); rm.serve(ctx, name, l, cert) }(name)
+		}
+	}
 	for name := range names {
 		wg.Add(1)
 		go func(name string) {
 			defer wg.Done()
-			k := &kubelet{cfg: cfg, name: name, box: box}
+			k := &kubelet{cfg: cfg, name: name, box: box, port: ports[name]}
 			k.run(ctx)
 		}(name)
 	}
@@ -102,7 +127,16 @@ type kubelet struct {
 	cfg            Config
 	name           string
 	box            *statsBox
+	port           int // kubelet endpoint port (0: the kubelet's default, nothing listens)
 	lastReportTime time.Time
+}
+
+// setStatus is SetStatus plus the port this kubelet serves on, if any.
+func (k *kubelet) setStatus(n *corev1.Node, now metav1.Time) {
+	SetStatus(n, k.cfg.Shape, now)
+	if k.port != 0 {
+		n.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(k.port)
+	}
 }
 
 func (k *kubelet) run(ctx context.Context) {
@@ -139,6 +173,9 @@ func (k *kubelet) run(ctx context.Context) {
 
 func (k *kubelet) register(ctx context.Context) bool {
 	node := NewNode(k.name, k.cfg.Shape, metav1.Now())
+	if k.port != 0 {
+		node.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(k.port)
+	}
 	start := time.Now()
 	created, err := k.cfg.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	lat := time.Since(start)
@@ -187,7 +224,7 @@ func (k *kubelet) tryUpdateNodeStatus(ctx context.Context, try int) error {
 		return err
 	}
 	original := node.DeepCopy()
-	SetStatus(node, k.cfg.Shape, metav1.Now())
+	k.setStatus(node, metav1.Now())
 	now := time.Now()
 	if now.Before(k.lastReportTime.Add(k.cfg.StatusReport)) && !StatusChanged(&original.Status, &node.Status) {
 		k.box.with(func(s *Stats) { s.Skipped++; s.PerNode[k.name].Skipped++ })

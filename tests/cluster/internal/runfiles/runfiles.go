@@ -120,6 +120,7 @@ func (d Dir) ReadPid(name string) (int, error) {
 var LongRunning = map[string]bool{
 	"supervise": true, "etcd": true, "apiserver": true, "scheduler": true,
 	"controller-manager": true, "fake-nodes": true, "secret-volume": true, "pod-runner": true,
+	"metrics-server": true,
 }
 
 // Proc is a process of this run directory.
