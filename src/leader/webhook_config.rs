@@ -336,10 +336,22 @@ mod tests {
                 .collect()
         };
         assert_eq!(conditions(&hooks[0]).len(), 1);
-        assert!(conditions(&hooks[0])[0].1.contains("'system:nodes' in request.userInfo.groups"));
-        assert!(conditions(&hooks[0])[0].1.contains("request.operation == 'CREATE'"));
+        assert!(
+            conditions(&hooks[0])[0]
+                .1
+                .contains("'system:nodes' in request.userInfo.groups")
+        );
+        assert!(
+            conditions(&hooks[0])[0]
+                .1
+                .contains("request.operation == 'CREATE'")
+        );
         assert_eq!(conditions(&hooks[1]).len(), 1);
-        assert!(conditions(&hooks[1])[0].1.contains("kubernetes.io/config.mirror"));
+        assert!(
+            conditions(&hooks[1])[0]
+                .1
+                .contains("kubernetes.io/config.mirror")
+        );
     }
 
     #[test]
