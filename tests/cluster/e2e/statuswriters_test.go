@@ -24,7 +24,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -33,14 +32,8 @@ import (
 )
 
 func TestStatusWritersAndMirrorPods(t *testing.T) {
-	c := harness.Start(t, harness.Options{})
-	ctx := harness.Context(t, 4*time.Minute)
+	c, ctx, dyn, in := startWithReplicas(t, 4*time.Minute)
 	cs := c.Client
-	dyn, err := dynamic.NewForConfig(c.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	in := installReplicas(t, ctx, c, ocServeArgs...)
 	t.Logf("installed: %s", in.Summary())
 
 	policy := &unstructured.Unstructured{Object: map[string]any{

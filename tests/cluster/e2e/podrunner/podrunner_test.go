@@ -284,17 +284,7 @@ func TestPodRunnerVolumesEnvAndToken(t *testing.T) {
 			{Name: "conf", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "conf", Optional: ptr.To(true)}}},
 		}
 	})
-	create(t, c, p)
-	got := waitPod(t, c, "env", time.Minute, "ready", ready)
-	dir := filepath.Join(c.RunDir, "pods", "runner", fmt.Sprintf("%s_%s_%s", ns, got.Name, got.UID))
-	var env string
-	if err := harness.Eventually(10*time.Second, 100*time.Millisecond, func() error {
-		b, err := os.ReadFile(filepath.Join(dir, "volumes", "out", "env"))
-		env = strings.TrimSpace(string(b))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	dir, env := runAndReadEnv(t, c, p)
 	want := fmt.Sprintf("env %s runner-0 127.0.0.1 %s", ns, filepath.Join(dir, "volumes", "conf", "key"))
 	if env != want {
 		t.Errorf("container environment %q, want %q", env, want)
@@ -327,23 +317,12 @@ func TestPodRunnerVolumesEnvAndToken(t *testing.T) {
 	}
 
 	// The identity: a bound token of the ServiceAccount "default", in the kubeconfig it was given.
-	kc, err := clientcmd.LoadFromFile(filepath.Join(dir, "kubeconfig"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := clientcmd.NewDefaultClientConfig(*kc, nil).ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	review, err := kubernetes.NewForConfigOrDie(cfg).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u := review.Status.UserInfo.Username; u != "system:serviceaccount:"+ns+":default" {
+	user := whoAmI(t, ctx, filepath.Join(dir, "kubeconfig"))
+	if u := user.Username; u != "system:serviceaccount:"+ns+":default" {
 		t.Errorf("the pod's kubeconfig authenticates as %q", u)
 	}
-	if pods := review.Status.UserInfo.Extra["authentication.kubernetes.io/pod-name"]; len(pods) != 1 || pods[0] != "env" {
-		t.Errorf("token not bound to the pod: extra %v", review.Status.UserInfo.Extra)
+	if pods := user.Extra["authentication.kubernetes.io/pod-name"]; len(pods) != 1 || pods[0] != "env" {
+		t.Errorf("token not bound to the pod: extra %v", user.Extra)
 	}
 
 	// automountServiceAccountToken: false and the pod's own projection at the in-cluster path
@@ -370,17 +349,7 @@ func TestPodRunnerVolumesEnvAndToken(t *testing.T) {
 		p.Spec.Volumes = []corev1.Volume{{Name: "out", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	}
 	for name, mutate := range map[string]func(*corev1.Pod){"projected": projected, "none": none} {
-		create(t, c, pod(name, "example/sh", []string{"-c", `echo "kubeconfig=$KUBECONFIG" > /out/env; exec sleep 600`}, mutate))
-		got := waitPod(t, c, name, time.Minute, "ready", ready)
-		dir := filepath.Join(c.RunDir, "pods", "runner", fmt.Sprintf("%s_%s_%s", ns, got.Name, got.UID))
-		var env string
-		if err := harness.Eventually(10*time.Second, 100*time.Millisecond, func() error {
-			b, err := os.ReadFile(filepath.Join(dir, "volumes", "out", "env"))
-			env = strings.TrimSpace(string(b))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		dir, env := runAndReadEnv(t, c, pod(name, "example/sh", []string{"-c", `echo "kubeconfig=$KUBECONFIG" > /out/env; exec sleep 600`}, mutate))
 		if name == "none" {
 			if env != "kubeconfig=" {
 				t.Errorf("pod without a token projection was given %q", env)
@@ -413,18 +382,46 @@ func TestPodRunnerVolumesEnvAndToken(t *testing.T) {
 		if ai := kc.AuthInfos["serviceaccount"]; ai == nil || ai.TokenFile != filepath.Join(dir, "volumes", "api-token", "token") {
 			t.Errorf("kubeconfig does not read the projected token file: %+v", ai)
 		}
-		cfg, err := clientcmd.NewDefaultClientConfig(*kc, nil).ClientConfig()
-		if err != nil {
-			t.Fatal(err)
-		}
-		review, err := kubernetes.NewForConfigOrDie(cfg).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if pods := review.Status.UserInfo.Extra["authentication.kubernetes.io/pod-name"]; review.Status.UserInfo.Username != "system:serviceaccount:"+ns+":default" || len(pods) != 1 || pods[0] != name {
-			t.Errorf("projected token authenticates as %+v", review.Status.UserInfo)
+		user := whoAmI(t, ctx, filepath.Join(dir, "kubeconfig"))
+		if pods := user.Extra["authentication.kubernetes.io/pod-name"]; user.Username != "system:serviceaccount:"+ns+":default" || len(pods) != 1 || pods[0] != name {
+			t.Errorf("projected token authenticates as %+v", user)
 		}
 	}
+}
+
+// runAndReadEnv creates the pod, waits until it is ready and returns its directory and what its
+// container wrote into /out/env (an emptyDir named "out").
+func runAndReadEnv(t *testing.T, c *harness.Cluster, p *corev1.Pod) (dir, env string) {
+	t.Helper()
+	create(t, c, p)
+	got := waitPod(t, c, p.Name, time.Minute, "ready", ready)
+	dir = filepath.Join(c.RunDir, "pods", "runner", fmt.Sprintf("%s_%s_%s", ns, got.Name, got.UID))
+	if err := harness.Eventually(10*time.Second, 100*time.Millisecond, func() error {
+		b, err := os.ReadFile(filepath.Join(dir, "volumes", "out", "env"))
+		env = strings.TrimSpace(string(b))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return dir, env
+}
+
+// whoAmI is the API server's view of the identity in a kubeconfig (SelfSubjectReview).
+func whoAmI(t *testing.T, ctx context.Context, kubeconfig string) authenticationv1.UserInfo {
+	t.Helper()
+	kc, err := clientcmd.LoadFromFile(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.NewDefaultClientConfig(*kc, nil).ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	review, err := kubernetes.NewForConfigOrDie(cfg).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return review.Status.UserInfo
 }
 
 // tokenLifetime is exp - iat of a JWT (its claims read without checking the signature: the API
