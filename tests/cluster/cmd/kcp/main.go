@@ -264,6 +264,7 @@ func fakeNodeFlags(fs *pflag.FlagSet, defaultPrefix string) func(run runfiles.Di
 	runPods := fs.Bool("run-pods", true, "mark pods bound to these nodes Running/Ready and finish their deletion")
 	deleteOnExit := fs.Bool("delete-on-exit", false, "delete the Node and Lease objects on exit")
 	qps := fs.Float32("qps", 500, "client QPS limit (shared by all nodes of this process)")
+	asNode := fs.Bool("as-node", true, "register and write node status as the node itself (user system:node:<name>, group system:nodes, impersonated by the kubeconfig's user), as a kubelet does; false: as the kubeconfig's user")
 	return func(run runfiles.Dir) (fakenode.Config, error) {
 		if *count < 0 || *update <= 0 || *report <= 0 || *lease < 4*time.Second {
 			return fakenode.Config{}, fmt.Errorf("bad --count/--status-update-frequency/--status-report-frequency/--lease-duration")
@@ -288,8 +289,21 @@ func fakeNodeFlags(fs *pflag.FlagSet, defaultPrefix string) func(run runfiles.Di
 		if *statsFile == "" {
 			*statsFile = run.Stats(*prefix)
 		}
+		var nodeClient func(string) (kubernetes.Interface, error)
+		if *asNode {
+			base, err := restConfigFor(*kubeconfig, run)
+			if err != nil {
+				return fakenode.Config{}, err
+			}
+			base.QPS, base.Burst = *qps, int(*qps*2)
+			base.UserAgent = "kcp-fake-kubelet"
+			nodeClient = func(name string) (kubernetes.Interface, error) {
+				return fakenode.NodeClient(base, name)
+			}
+		}
 		return fakenode.Config{
-			Client: client, Prefix: *prefix, Count: *count, StartIndex: *startIndex,
+			NodeClient: nodeClient,
+			Client:     client, Prefix: *prefix, Count: *count, StartIndex: *startIndex,
 			Shape:        fakenode.Shape{Capacity: capacity, Allocatable: alloc, Labels: *labels, Images: *images},
 			StatusUpdate: *update, StatusReport: *report, LeaseDuration: *lease, SlowThreshold: *slow,
 			MutatedAnno: *anno, StatsFile: *statsFile, StatsAddr: *statsAddr, RunPods: *runPods, DeleteOnExit: *deleteOnExit,

@@ -20,13 +20,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	nodeutil "k8s.io/component-helpers/node/util"
 	"k8s.io/utils/ptr"
 )
 
 // Config of a group of fake nodes.
 type Config struct {
-	Client        kubernetes.Interface
+	Client kubernetes.Interface
+	// NodeClient, if set, gives the client a node registers and writes its status with (a
+	// kubelet's own identity, see NodeClient); nil: Client.
+	NodeClient    func(name string) (kubernetes.Interface, error)
 	Prefix        string
 	Count         int
 	StartIndex    int
@@ -43,6 +47,18 @@ type Config struct {
 	// e.g. the pod runner's, which runs their processes).
 	PodFilter    func(*corev1.Pod) bool
 	DeleteOnExit bool
+}
+
+// NodeClient is a client that acts as the node's kubelet does: user system:node:<name> in the
+// group system:nodes (impersonated by base's user), so that the Node authorizer, NodeRestriction
+// and admission match conditions on userInfo see a kubelet.
+func NodeClient(base *rest.Config, name string) (kubernetes.Interface, error) {
+	cfg := rest.CopyConfig(base)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:node:" + name,
+		Groups:   []string{"system:nodes", "system:authenticated"},
+	}
+	return kubernetes.NewForConfig(cfg)
 }
 
 // NodeName is the name of the i-th node of a group.
@@ -78,7 +94,15 @@ func Run(ctx context.Context, cfg Config) error {
 		wg.Add(1)
 		go func(name string) {
 			defer wg.Done()
-			k := &kubelet{cfg: cfg, name: name, box: box}
+			k := &kubelet{cfg: cfg, client: cfg.Client, name: name, box: box}
+			if cfg.NodeClient != nil {
+				c, err := cfg.NodeClient(name)
+				if err != nil {
+					log.Printf("node %s: client: %v", name, err)
+					return
+				}
+				k.client = c
+			}
 			k.run(ctx)
 		}(name)
 	}
@@ -100,6 +124,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 type kubelet struct {
 	cfg            Config
+	client         kubernetes.Interface // registration and status writes (see Config.NodeClient)
 	name           string
 	box            *statsBox
 	lastReportTime time.Time
@@ -140,7 +165,7 @@ func (k *kubelet) run(ctx context.Context) {
 func (k *kubelet) register(ctx context.Context) bool {
 	node := NewNode(k.name, k.cfg.Shape, metav1.Now())
 	start := time.Now()
-	created, err := k.cfg.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	created, err := k.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	lat := time.Since(start)
 	if apierrors.IsAlreadyExists(err) {
 		// Registered by an earlier run: the status loop reconciles it, as the kubelet does.
@@ -179,7 +204,7 @@ func (k *kubelet) tryUpdateNodeStatus(ctx context.Context, try int) error {
 		// The kubelet's first try reads from the API server's cache.
 		opts.ResourceVersion = "0"
 	}
-	node, err := k.cfg.Client.CoreV1().Nodes().Get(ctx, k.name, opts)
+	node, err := k.client.CoreV1().Nodes().Get(ctx, k.name, opts)
 	if err != nil {
 		// A first read from the API server's cache may miss a node created a moment ago; the
 		// next try reads from etcd. Like the kubelet, never register again once registered.
@@ -194,7 +219,7 @@ func (k *kubelet) tryUpdateNodeStatus(ctx context.Context, try int) error {
 		return nil
 	}
 	start := time.Now()
-	updated, _, err := nodeutil.PatchNodeStatus(k.cfg.Client.CoreV1(), types.NodeName(k.name), original, node)
+	updated, _, err := nodeutil.PatchNodeStatus(k.client.CoreV1(), types.NodeName(k.name), original, node)
 	lat := time.Since(start)
 	mutated := err == nil && updated.Annotations[k.cfg.MutatedAnno] != ""
 	overridden := err == nil && !apiequality.Semantic.DeepEqual(updated.Status.Allocatable, node.Status.Allocatable)
