@@ -5,18 +5,25 @@
 //! Two webhooks in one configuration:
 //! - `nodes.overcommit.dev`: UPDATE nodes/status and CREATE nodes. No object selector: the node
 //!   rule itself honours `overcommit.dev/disabled=true`, so that opting out restores the raw
-//!   allocatable and removes the annotations at the next status write (design.md 3.7).
+//!   allocatable and removes the annotations at the next status write (design.md 3.7). A match
+//!   condition sends it only registrations (CREATE) and status writes by nodes (the group
+//!   `system:nodes`): the API server does not call the webhook for other status writers
+//!   (node-problem-detector, controllers, users), whose writes keep the stored allocatable.
 //! - `pods.overcommit.dev`: CREATE pods in namespaces labelled
 //!   `overcommit.dev/pod-defaults=enabled`, never in kube-system or the webhook's own namespace
 //!   (namespaceSelector on that label and `kubernetes.io/metadata.name`), opt-out by the pod label
-//!   `overcommit.dev/disabled=true` (objectSelector).
+//!   `overcommit.dev/disabled=true` (objectSelector), never mirror pods (a match condition on
+//!   the annotation `kubernetes.io/config.mirror`: the kubelet's copies of static pods).
+//!
+//! The webhook-guard admission policy (deploy/components/webhook-guard) pins every one of these
+//! fields to what `desired` writes: a change here needs the same change there.
 //!
 //! Both fail open (`failurePolicy: Ignore`) with a short timeout: heartbeats are never blocked.
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    ServiceReference, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
@@ -31,6 +38,16 @@ pub const DISABLED_LABEL: &str = "overcommit.dev/disabled";
 pub const NODES_WEBHOOK: &str = "nodes.overcommit.dev";
 /// Name of the pod webhook inside the configuration.
 pub const PODS_WEBHOOK: &str = "pods.overcommit.dev";
+/// Match condition of the node webhook: registrations, and status writes by kubelets.
+pub const NODES_CONDITION: (&str, &str) = (
+    "node-registration-or-kubelet",
+    "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in request.userInfo.groups)",
+);
+/// Match condition of the pod webhook: never the mirror pods a kubelet makes of static pods.
+pub const PODS_CONDITION: (&str, &str) = (
+    "not-a-mirror-pod",
+    "!has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)",
+);
 /// Label on objects the leader manages.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kube-overcommit");
 
@@ -53,7 +70,12 @@ fn rule(operation: &str, resource: &str, scope: &str) -> RuleWithOperations {
     }
 }
 
-fn webhook(s: &WebhookSettings, name: &str, ca_bundle: &[u8]) -> MutatingWebhook {
+fn webhook(
+    s: &WebhookSettings,
+    name: &str,
+    ca_bundle: &[u8],
+    condition: (&str, &str),
+) -> MutatingWebhook {
     MutatingWebhook {
         name: name.into(),
         admission_review_versions: vec!["v1".into()],
@@ -68,6 +90,10 @@ fn webhook(s: &WebhookSettings, name: &str, ca_bundle: &[u8]) -> MutatingWebhook
             url: None,
         },
         failure_policy: Some("Ignore".into()),
+        match_conditions: Some(vec![MatchCondition {
+            name: condition.0.into(),
+            expression: condition.1.into(),
+        }]),
         match_policy: Some("Equivalent".into()),
         reinvocation_policy: Some("Never".into()),
         side_effects: "None".into(),
@@ -78,12 +104,12 @@ fn webhook(s: &WebhookSettings, name: &str, ca_bundle: &[u8]) -> MutatingWebhook
 
 /// The configuration as it must be.
 pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfiguration {
-    let mut nodes = webhook(s, NODES_WEBHOOK, ca_bundle);
+    let mut nodes = webhook(s, NODES_WEBHOOK, ca_bundle, NODES_CONDITION);
     nodes.rules = Some(vec![
         rule("UPDATE", "nodes/status", "Cluster"),
         rule("CREATE", "nodes", "Cluster"),
     ]);
-    let mut pods = webhook(s, PODS_WEBHOOK, ca_bundle);
+    let mut pods = webhook(s, PODS_WEBHOOK, ca_bundle, PODS_CONDITION);
     pods.rules = Some(vec![rule("CREATE", "pods", "Namespaced")]);
     let mut excluded = vec!["kube-system".to_string()];
     if s.namespace != "kube-system" {
@@ -302,6 +328,30 @@ mod tests {
             ("overcommit.dev/pod-defaults", "In")
         );
         assert_eq!(ns[1].values.as_ref().unwrap(), &vec!["enabled".to_string()]);
+        let conditions = |h: &MutatingWebhook| -> Vec<(String, String)> {
+            h.match_conditions
+                .iter()
+                .flatten()
+                .map(|c| (c.name.clone(), c.expression.clone()))
+                .collect()
+        };
+        assert_eq!(conditions(&hooks[0]).len(), 1);
+        assert!(
+            conditions(&hooks[0])[0]
+                .1
+                .contains("'system:nodes' in request.userInfo.groups")
+        );
+        assert!(
+            conditions(&hooks[0])[0]
+                .1
+                .contains("request.operation == 'CREATE'")
+        );
+        assert_eq!(conditions(&hooks[1]).len(), 1);
+        assert!(
+            conditions(&hooks[1])[0]
+                .1
+                .contains("kubernetes.io/config.mirror")
+        );
     }
 
     #[test]
@@ -357,6 +407,36 @@ mod tests {
                         match_expressions: None,
                     })
                 },
+                true,
+            ),
+            (
+                "matchConditions removed",
+                |w| w.match_conditions = None,
+                true,
+            ),
+            (
+                "matchConditions changed",
+                |w| {
+                    w.match_conditions = Some(vec![MatchCondition {
+                        name: "any".into(),
+                        expression: "true".into(),
+                    }])
+                },
+                true,
+            ),
+            (
+                "reinvocationPolicy",
+                |w| w.reinvocation_policy = Some("IfNeeded".into()),
+                true,
+            ),
+            (
+                "reinvocationPolicy unset means Never",
+                |w| w.reinvocation_policy = None,
+                false,
+            ),
+            (
+                "service port",
+                |w| w.client_config.service.as_mut().unwrap().port = Some(9999),
                 true,
             ),
             (

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,12 +18,15 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -209,6 +213,8 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 			t.Errorf("webhook %s has no caBundle", w.Name)
 		}
 	}
+	checkLeaderConfigUnderGuard(t, ctx, cfg, ns, got, replicas[0].log, replicas[1].log)
+	checkSecretQuota(t, ctx, cfg, ns)
 	lease, err := client.CoordinationV1().Leases(ns).Get(ctx, "kube-overcommit-leader", metav1.GetOptions{})
 	if err != nil || lease.Spec.HolderIdentity == nil || !strings.HasPrefix(*lease.Spec.HolderIdentity, "deploy-test-replica-") {
 		t.Errorf("leader Lease: %v %+v", err, lease)
@@ -298,6 +304,134 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 			t.Errorf("%s logged an authorization failure:\n%s", r.name, tail(r.log.String(), 40))
 		}
 	}
+}
+
+// checkLeaderConfigUnderGuard: the configuration the leader wrote (live) has the match
+// conditions and passes the webhook guard; a cluster admin's widening (the guard does not bind
+// admins) is repaired by the leader, as the ServiceAccount, within seconds; and every widening of
+// the live configuration is refused for the ServiceAccount (dry run).
+func checkLeaderConfigUnderGuard(t *testing.T, ctx context.Context, cfg *rest.Config, ns string, live *admissionregistrationv1.MutatingWebhookConfiguration, logs ...*syncBuffer) {
+	t.Helper()
+	admin := kubernetes.NewForConfigOrDie(cfg).AdmissionregistrationV1().MutatingWebhookConfigurations()
+	want := leaderConfig(ns)
+	if len(live.Webhooks) != len(want.Webhooks) {
+		t.Fatalf("the leader wrote %d webhooks, want %d", len(live.Webhooks), len(want.Webhooks))
+	}
+	for i, w := range live.Webhooks {
+		if w.Name != want.Webhooks[i].Name || !reflect.DeepEqual(w.MatchConditions, want.Webhooks[i].MatchConditions) {
+			t.Errorf("webhook %d: %s with matchConditions %+v, want %s with %+v", i, w.Name, w.MatchConditions, want.Webhooks[i].Name, want.Webhooks[i].MatchConditions)
+		}
+	}
+	edited := live.DeepCopy()
+	edited.Webhooks[0].MatchConditions = nil
+	edited.Webhooks[0].TimeoutSeconds = ptr(int32(5))
+	edited.Webhooks[1].NamespaceSelector = nil
+	edited.Webhooks[1].MatchConditions = nil
+	if _, err := admin.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("admin edit of the webhook configuration: %v", err)
+	}
+	var last *admissionregistrationv1.MutatingWebhookConfiguration
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		m, err := admin.Get(ctx, "kube-overcommit", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = m
+		return len(m.Webhooks) == 2 && len(m.Webhooks[0].MatchConditions) == 1 && len(m.Webhooks[1].MatchConditions) == 1 &&
+			m.Webhooks[0].TimeoutSeconds != nil && *m.Webhooks[0].TimeoutSeconds == 2 &&
+			m.Webhooks[1].NamespaceSelector != nil && len(m.Webhooks[1].NamespaceSelector.MatchExpressions) == 2, nil
+	})
+	if err != nil {
+		t.Fatalf("the leader did not repair the widened configuration under the guard: %+v", last)
+	}
+	repairedBy := ""
+	for i, l := range logs {
+		if strings.Contains(l.String(), "repaired the webhook configuration") {
+			repairedBy = fmt.Sprint(i)
+		}
+	}
+	if repairedBy == "" {
+		t.Error("no replica logged the repair")
+	}
+	t.Logf("the leader repaired an admin's widening as the ServiceAccount (replica %s)", repairedBy)
+
+	sa := rest.CopyConfig(cfg)
+	sa.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + ns + ":kube-overcommit",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+	}
+	asSA := kubernetes.NewForConfigOrDie(sa).AdmissionregistrationV1().MutatingWebhookConfigurations()
+	dry := metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}
+	if _, err := asSA.Update(ctx, last, dry); err != nil {
+		t.Errorf("the leader's own configuration is refused for the ServiceAccount: %v", err)
+	}
+	for name, widen := range guardWidenings(ns) {
+		m := last.DeepCopy()
+		widen(m)
+		var err error
+		if m.Name != "kube-overcommit" {
+			m.ResourceVersion = ""
+			_, err = asSA.Create(ctx, m, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		} else {
+			_, err = asSA.Update(ctx, m, dry)
+		}
+		if err == nil {
+			t.Errorf("%s of the live configuration: allowed for the ServiceAccount", name)
+		} else if !strings.Contains(err.Error(), "kube-overcommit-webhook-guard") && !apierrors.IsForbidden(err) {
+			t.Errorf("%s of the live configuration: refused, but not by the guard or RBAC: %v", name, err)
+		}
+	}
+}
+
+// checkSecretQuota: the ServiceAccount may create Secrets (RBAC cannot limit create by name),
+// but deploy/'s ResourceQuota stops it at count/secrets, counting the two it has written.
+func checkSecretQuota(t *testing.T, ctx context.Context, cfg *rest.Config, ns string) {
+	t.Helper()
+	admin := kubernetes.NewForConfigOrDie(cfg)
+	sa := rest.CopyConfig(cfg)
+	sa.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + ns + ":kube-overcommit",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+	}
+	secrets := kubernetes.NewForConfigOrDie(sa).CoreV1().Secrets(ns)
+	q, err := admin.CoreV1().ResourceQuotas(ns).Get(ctx, "kube-overcommit", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("ResourceQuota: %v", err)
+	}
+	hard := q.Spec.Hard["count/secrets"]
+	created, refusal := 0, ""
+	defer func() {
+		for i := range created {
+			_ = admin.CoreV1().Secrets(ns).Delete(context.Background(), fmt.Sprintf("quota-probe-%d", i), metav1.DeleteOptions{})
+		}
+	}()
+	// Until the quota controller has counted the namespace, admission answers "status unknown".
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("quota-probe-%d", created)}}, metav1.CreateOptions{})
+		switch {
+		case err == nil:
+			created++
+			return int64(created) > hard.Value(), nil
+		case strings.Contains(err.Error(), "exceeded quota"):
+			refusal = err.Error()
+			return true, nil
+		case strings.Contains(err.Error(), "status unknown for quota"):
+			return false, nil
+		default:
+			return false, err
+		}
+	})
+	if err != nil || refusal == "" {
+		t.Fatalf("the ServiceAccount created %d Secrets without a quota refusal (count/secrets %s): %v", created, hard.String(), err)
+	}
+	list, err := admin.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(list.Items)) != hard.Value() {
+		t.Errorf("%d Secrets in %s when the quota refused, want count/secrets %s", len(list.Items), ns, hard.String())
+	}
+	t.Logf("the ServiceAccount created %d Secrets beside kube-overcommit's, then: %s", created, refusal)
 }
 
 // inflated: allocatable cpu is twice the raw value in the annotation ({"cpu":"4",...}).

@@ -553,51 +553,9 @@ func checkWebhookGuard(t *testing.T, ctx context.Context, cfg *rest.Config, ns s
 	asSA := kubernetes.NewForConfigOrDie(sa)
 	admin := kubernetes.NewForConfigOrDie(cfg)
 
-	good := func() *admissionregistrationv1.MutatingWebhookConfiguration {
-		ignore := admissionregistrationv1.Ignore
-		none := admissionregistrationv1.SideEffectClassNone
-		timeout := int32(2)
-		port := int32(443)
-		return &admissionregistrationv1.MutatingWebhookConfiguration{
-			ObjectMeta: metav1.ObjectMeta{Name: "kube-overcommit"},
-			Webhooks: []admissionregistrationv1.MutatingWebhook{{
-				Name: "nodes.overcommit.dev",
-				ClientConfig: admissionregistrationv1.WebhookClientConfig{
-					Service: &admissionregistrationv1.ServiceReference{Namespace: ns, Name: "kube-overcommit", Port: &port, Path: ptr("/mutate")},
-				},
-				Rules: []admissionregistrationv1.RuleWithOperations{
-					{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
-						Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes/status"}}},
-					{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-						Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes", "pods"}}},
-				},
-				FailurePolicy: &ignore, SideEffects: &none, TimeoutSeconds: &timeout,
-				AdmissionReviewVersions: []string{"v1"},
-				// Matches nothing, in case a dry run ever stored it.
-				ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kube-overcommit-deploy-test": "never"}},
-			}},
-		}
-	}
+	good := func() *admissionregistrationv1.MutatingWebhookConfiguration { return leaderConfig(ns) }
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
-	bad := map[string]func(*admissionregistrationv1.MutatingWebhookConfiguration){
-		"another name": func(m *admissionregistrationv1.MutatingWebhookConfiguration) { m.Name = "not-kube-overcommit" },
-		"url instead of Service": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
-			m.Webhooks[0].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: ptr("https://127.0.0.1:9/mutate")}
-		},
-		"another Service": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
-			m.Webhooks[0].ClientConfig.Service.Name = "elsewhere"
-		},
-		"failurePolicy Fail": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
-			fail := admissionregistrationv1.Fail
-			m.Webhooks[0].FailurePolicy = &fail
-		},
-		"rules on secrets": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
-			m.Webhooks[0].Rules[1].Resources = []string{"secrets"}
-		},
-		"rules on any group": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
-			m.Webhooks[0].Rules[1].APIGroups = []string{"*"}
-		},
-	}
+	bad := guardWidenings(ns)
 	// The policy takes effect once the API server has loaded it: wait for the first refusal.
 	var lastErr error
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -631,6 +589,146 @@ func checkWebhookGuard(t *testing.T, ctx context.Context, cfg *rest.Config, ns s
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// leaderConfig is the MutatingWebhookConfiguration the leader writes for namespace ns
+// (src/leader/webhook_config.rs `desired`), with a caBundle that trusts nothing.
+func leaderConfig(ns string) *admissionregistrationv1.MutatingWebhookConfiguration {
+	hook := func(name string, cond admissionregistrationv1.MatchCondition, rules ...admissionregistrationv1.RuleWithOperations) admissionregistrationv1.MutatingWebhook {
+		return admissionregistrationv1.MutatingWebhook{
+			Name: name,
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{
+				Service: &admissionregistrationv1.ServiceReference{Namespace: ns, Name: "kube-overcommit", Port: ptr(int32(443)), Path: ptr("/mutate")},
+			},
+			Rules:                   rules,
+			FailurePolicy:           ptr(admissionregistrationv1.Ignore),
+			MatchPolicy:             ptr(admissionregistrationv1.Equivalent),
+			ReinvocationPolicy:      ptr(admissionregistrationv1.NeverReinvocationPolicy),
+			SideEffects:             ptr(admissionregistrationv1.SideEffectClassNone),
+			TimeoutSeconds:          ptr(int32(2)),
+			AdmissionReviewVersions: []string{"v1"},
+			MatchConditions:         []admissionregistrationv1.MatchCondition{cond},
+		}
+	}
+	rule := func(op admissionregistrationv1.OperationType, resource string, scope admissionregistrationv1.ScopeType) admissionregistrationv1.RuleWithOperations {
+		return admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{op},
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{resource}, Scope: &scope}}
+	}
+	nodes := hook("nodes.overcommit.dev", admissionregistrationv1.MatchCondition{Name: "node-registration-or-kubelet",
+		Expression: "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in request.userInfo.groups)"},
+		rule(admissionregistrationv1.Update, "nodes/status", admissionregistrationv1.ClusterScope),
+		rule(admissionregistrationv1.Create, "nodes", admissionregistrationv1.ClusterScope))
+	pods := hook("pods.overcommit.dev", admissionregistrationv1.MatchCondition{Name: "not-a-mirror-pod",
+		Expression: "!has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)"},
+		rule(admissionregistrationv1.Create, "pods", admissionregistrationv1.NamespacedScope))
+	pods.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", ns}},
+		{Key: "overcommit.dev/pod-defaults", Operator: metav1.LabelSelectorOpIn, Values: []string{"enabled"}},
+	}}
+	pods.ObjectSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "overcommit.dev/disabled", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"true"}},
+	}}
+	return &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-overcommit"},
+		Webhooks:   []admissionregistrationv1.MutatingWebhook{nodes, pods},
+	}
+}
+
+type widening = func(*admissionregistrationv1.MutatingWebhookConfiguration)
+
+// guardWidenings are changes to the leader's configuration (webhook 0: nodes, 1: pods) that
+// widen what the API server sends, or where: the webhook guard refuses each for the
+// ServiceAccount.
+func guardWidenings(ns string) map[string]widening {
+	hook := func(name string) func(m *admissionregistrationv1.MutatingWebhookConfiguration) *admissionregistrationv1.MutatingWebhook {
+		return func(m *admissionregistrationv1.MutatingWebhookConfiguration) *admissionregistrationv1.MutatingWebhook {
+			for i := range m.Webhooks {
+				if m.Webhooks[i].Name == name {
+					return &m.Webhooks[i]
+				}
+			}
+			panic("no webhook " + name) // the test's own fixture, never outside input
+		}
+	}
+	nodes, pods := hook("nodes.overcommit.dev"), hook("pods.overcommit.dev")
+	both := func(f func(w *admissionregistrationv1.MutatingWebhook)) widening {
+		return func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			for i := range m.Webhooks {
+				f(&m.Webhooks[i])
+			}
+		}
+	}
+	return map[string]widening{
+		"another name": func(m *admissionregistrationv1.MutatingWebhookConfiguration) { m.Name = "not-kube-overcommit" },
+		"url instead of Service": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			nodes(m).ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: ptr("https://127.0.0.1:9/mutate")}
+		},
+		"another Service": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			nodes(m).ClientConfig.Service.Name = "elsewhere"
+		},
+		"path /other":          both(func(w *admissionregistrationv1.MutatingWebhook) { w.ClientConfig.Service.Path = ptr("/other") }),
+		"port 9999":            both(func(w *admissionregistrationv1.MutatingWebhook) { w.ClientConfig.Service.Port = ptr(int32(9999)) }),
+		"failurePolicy Fail":   both(func(w *admissionregistrationv1.MutatingWebhook) { w.FailurePolicy = ptr(admissionregistrationv1.Fail) }),
+		"timeoutSeconds 10":    both(func(w *admissionregistrationv1.MutatingWebhook) { w.TimeoutSeconds = ptr(int32(10)) }),
+		"timeoutSeconds unset": both(func(w *admissionregistrationv1.MutatingWebhook) { w.TimeoutSeconds = nil }),
+		"reinvocationPolicy IfNeeded": both(func(w *admissionregistrationv1.MutatingWebhook) {
+			w.ReinvocationPolicy = ptr(admissionregistrationv1.IfNeededReinvocationPolicy)
+		}),
+		// Some and Unknown are refused by the API server's own validation in v1.
+		"sideEffects NoneOnDryRun": both(func(w *admissionregistrationv1.MutatingWebhook) {
+			w.SideEffects = ptr(admissionregistrationv1.SideEffectClassNoneOnDryRun)
+		}),
+		"pod namespaceSelector dropped": func(m *admissionregistrationv1.MutatingWebhookConfiguration) { pods(m).NamespaceSelector = nil },
+		"pod namespaceSelector lets kube-system in": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			pods(m).NamespaceSelector.MatchExpressions[0].Values = []string{ns}
+		},
+		"pod namespaceSelector without the opt-in label": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			pods(m).NamespaceSelector.MatchExpressions = pods(m).NamespaceSelector.MatchExpressions[:1]
+		},
+		"node namespaceSelector added": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			nodes(m).NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}}
+		},
+		"pod objectSelector dropped": func(m *admissionregistrationv1.MutatingWebhookConfiguration) { pods(m).ObjectSelector = nil },
+		"pod objectSelector matchLabels added": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			pods(m).ObjectSelector.MatchLabels = map[string]string{"x": "y"}
+		},
+		"node matchConditions removed": func(m *admissionregistrationv1.MutatingWebhookConfiguration) { nodes(m).MatchConditions = nil },
+		"pod matchConditions removed":  func(m *admissionregistrationv1.MutatingWebhookConfiguration) { pods(m).MatchConditions = nil },
+		"node matchConditions changed": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			nodes(m).MatchConditions[0].Expression = "true"
+		},
+		"pod matchCondition added": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			pods(m).MatchConditions = append(pods(m).MatchConditions, admissionregistrationv1.MatchCondition{Name: "more", Expression: "true"})
+		},
+		"UPDATE pods rule": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			pods(m).Rules[0].Operations = append(pods(m).Rules[0].Operations, admissionregistrationv1.Update)
+		},
+		"UPDATE nodes rule": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			nodes(m).Rules[1].Operations = []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
+		},
+		"DELETE nodes": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			nodes(m).Rules[1].Operations = append(nodes(m).Rules[1].Operations, admissionregistrationv1.Delete)
+		},
+		"pods/exec resource": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			pods(m).Rules[0].Resources = append(pods(m).Rules[0].Resources, "pods/exec")
+		},
+		"new resource (secrets)": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			nodes(m).Rules = append(nodes(m).Rules, admissionregistrationv1.RuleWithOperations{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"secrets"}}})
+		},
+		"rules on any group": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			nodes(m).Rules[1].APIGroups = []string{"*"}
+		},
+		"node rules on pods": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			nodes(m).Rules[1].Resources = []string{"nodes", "pods"}
+		},
+		"a third webhook": func(m *admissionregistrationv1.MutatingWebhookConfiguration) {
+			w := *nodes(m)
+			w.Name = "more.overcommit.dev"
+			m.Webhooks = append(m.Webhooks, w)
+		},
+	}
+}
 
 func isReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {

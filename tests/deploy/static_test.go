@@ -115,6 +115,7 @@ func TestStaticInstallContainsEverything(t *testing.T) {
 		"CustomResourceDefinition//overcommitpolicies.overcommit.dev",
 		"Namespace//kube-overcommit",
 		"ServiceAccount/kube-overcommit/kube-overcommit",
+		"ResourceQuota/kube-overcommit/kube-overcommit",
 		"Role/kube-overcommit/kube-overcommit",
 		"RoleBinding/kube-overcommit/kube-overcommit",
 		"ClusterRole//kube-overcommit",
@@ -250,6 +251,7 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment) {
 	if p.ServiceAccountName != "kube-overcommit" {
 		t.Errorf("serviceAccountName = %q", p.ServiceAccountName)
 	}
+	checkProjectedToken(t, &p)
 	sc := p.SecurityContext
 	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 ||
 		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
@@ -375,6 +377,124 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment) {
 		if !res.Allowed {
 			t.Errorf("restricted pod security: %s: %s", res.ForbiddenReason, res.ForbiddenDetail)
 		}
+	}
+}
+
+// The ServiceAccount token: not automounted, but projected with a short lifetime at the path
+// the in-cluster configuration reads (token, ca.crt, namespace).
+func checkProjectedToken(t *testing.T, p *corev1.PodSpec) {
+	t.Helper()
+	if p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken {
+		t.Errorf("automountServiceAccountToken = %v, want false", p.AutomountServiceAccountToken)
+	}
+	var vol *corev1.Volume
+	for i, v := range p.Volumes {
+		if v.Projected != nil {
+			vol = &p.Volumes[i]
+		}
+	}
+	if vol == nil {
+		t.Fatal("no projected ServiceAccount token volume")
+	}
+	files := map[string]string{}
+	for _, src := range vol.Projected.Sources {
+		switch {
+		case src.ServiceAccountToken != nil:
+			e := src.ServiceAccountToken.ExpirationSeconds
+			if e == nil || *e != 3600 || src.ServiceAccountToken.Audience != "" {
+				t.Errorf("token projection %+v: want expirationSeconds 3600 and the API server's audience", src.ServiceAccountToken)
+			}
+			files[src.ServiceAccountToken.Path] = "token"
+		case src.ConfigMap != nil && src.ConfigMap.Name == "kube-root-ca.crt":
+			for _, it := range src.ConfigMap.Items {
+				files[it.Path] = "configmap " + it.Key
+			}
+		case src.DownwardAPI != nil:
+			for _, it := range src.DownwardAPI.Items {
+				if it.FieldRef != nil {
+					files[it.Path] = it.FieldRef.FieldPath
+				}
+			}
+		default:
+			t.Errorf("unexpected projection source %+v", src)
+		}
+	}
+	if want := map[string]string{"token": "token", "ca.crt": "configmap ca.crt", "namespace": "metadata.namespace"}; !reflect.DeepEqual(files, want) {
+		t.Errorf("projected files %v, want %v", files, want)
+	}
+	mounted := false
+	for _, m := range p.Containers[0].VolumeMounts {
+		if m.Name == vol.Name {
+			mounted = m.ReadOnly && m.MountPath == "/var/run/secrets/kubernetes.io/serviceaccount"
+		}
+	}
+	if !mounted {
+		t.Errorf("token volume %s not mounted read-only at /var/run/secrets/kubernetes.io/serviceaccount: %+v", vol.Name, p.Containers[0].VolumeMounts)
+	}
+}
+
+// The ServiceAccount does not automount; the quota bounds the Secrets and Leases it can create,
+// with room for Helm's release history.
+func TestStaticServiceAccountAndQuota(t *testing.T) {
+	r := render(t)
+	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm} {
+		t.Run(name, func(t *testing.T) {
+			sa := convert[corev1.ServiceAccount](t, mustFind(t, objs, "ServiceAccount", "kube-overcommit"))
+			if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+				t.Errorf("ServiceAccount automountServiceAccountToken = %v, want false", sa.AutomountServiceAccountToken)
+			}
+			q := convert[corev1.ResourceQuota](t, mustFind(t, objs, "ResourceQuota", "kube-overcommit"))
+			if q.Namespace != ns {
+				t.Errorf("quota in namespace %q", q.Namespace)
+			}
+			secrets, leases := q.Spec.Hard["count/secrets"], q.Spec.Hard["count/leases.coordination.k8s.io"]
+			// 2 of kube-overcommit's own + 11 of Helm (10 revisions kept + the one installing).
+			if secrets.Value() < 13 || secrets.Value() > 32 {
+				t.Errorf("count/secrets = %s: want room for 2 + Helm's 11, and a bound", secrets.String())
+			}
+			if leases.Value() < 8 || leases.Value() > 64 {
+				t.Errorf("count/leases.coordination.k8s.io = %s", leases.String())
+			}
+			if len(q.Spec.Hard) != 2 {
+				t.Errorf("quota limits %v, want only secrets and leases", q.Spec.Hard)
+			}
+		})
+	}
+}
+
+// The chart refuses the namespaces it must never share, and can create its own with the
+// restricted Pod Security labels of deploy/base/namespace.yaml.
+func TestStaticHelmNamespace(t *testing.T) {
+	r := render(t)
+	helm, err := HelmBinary(r.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"kube-system", "kube-node-lease", "kube-public", "default"} {
+		_, err := HelmTemplate(r.root, helm, bad)
+		if err == nil || !strings.Contains(err.Error(), "kube-overcommit must not be installed into the namespace "+bad) {
+			t.Errorf("helm template into %s: %v, want the refusal", bad, err)
+		}
+	}
+	if Find(r.helm, "Namespace", ns) != nil {
+		t.Error("the chart creates its namespace by default")
+	}
+	b, err := HelmTemplate(r.root, helm, ns, "--set", "namespace.create=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := mustFind(t, objs, "Namespace", ns).GetLabels()
+	for k, v := range mustFind(t, r.kustomize, "Namespace", ns).GetLabels() {
+		if strings.HasPrefix(k, "pod-security.kubernetes.io/") && got[k] != v {
+			t.Errorf("chart Namespace label %s=%q, want %q (deploy/base/namespace.yaml)", k, got[k], v)
+		}
+	}
+	if got["pod-security.kubernetes.io/enforce"] != "restricted" {
+		t.Errorf("chart Namespace labels %v", got)
 	}
 }
 

@@ -349,6 +349,19 @@ func TestOvercommit(t *testing.T) {
 }
 
 // ocServeArgs: fast leader election and certificate checks, a short shutdown.
+// startWithReplicas starts a control plane of the test's own with 2 replicas installed
+// (ocServeArgs), a context of the given length, and a dynamic client for policies.
+func startWithReplicas(t *testing.T, length time.Duration) (*harness.Cluster, context.Context, dynamic.Interface, *install.Installation) {
+	t.Helper()
+	c := harness.Start(t, harness.Options{})
+	ctx := harness.Context(t, length)
+	dyn, err := dynamic.NewForConfig(c.RestConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, ctx, dyn, installReplicas(t, ctx, c, ocServeArgs...)
+}
+
 var ocServeArgs = []string{"--lease-ttl=4s", "--lease-renew=1s", "--check-interval=1s", "--shutdown-grace=5s"}
 
 // installReplicas installs 2 replicas of the binary with the CRD on the test's own control

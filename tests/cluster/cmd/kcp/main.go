@@ -274,6 +274,7 @@ func fakeNodeFlags(fs *pflag.FlagSet, defaultPrefix string) func(run runfiles.Di
 	deleteOnExit := fs.Bool("delete-on-exit", false, "delete the Node and Lease objects on exit")
 	qps := fs.Float32("qps", 500, "client QPS limit (shared by all nodes of this process)")
 	resMetrics := fs.Bool("resource-metrics", false, "serve each node's GET /metrics/resource over TLS (certificate from the run's CA) on its own 127.0.0.1 port, published as the kubelet endpoint port; usage scripted by the "+fakenode.UsageAnnotation+" annotation")
+	asNode := fs.Bool("as-node", true, "register and write node status as the node itself (user system:node:<name>, group system:nodes, impersonated by the kubeconfig's user), as a kubelet does; false: as the kubeconfig's user")
 	return func(run runfiles.Dir) (fakenode.Config, error) {
 		if *count < 0 || *update <= 0 || *report <= 0 || *lease < 4*time.Second {
 			return fakenode.Config{}, fmt.Errorf("bad --count/--status-update-frequency/--status-report-frequency/--lease-duration")
@@ -303,8 +304,21 @@ func fakeNodeFlags(fs *pflag.FlagSet, defaultPrefix string) func(run runfiles.Di
 			files := pki.FilesIn(run.PKI())
 			kubeletCert = func(node string) (tls.Certificate, error) { return pki.IssueServing(files, node, node) }
 		}
+		var nodeClient func(string) (kubernetes.Interface, error)
+		if *asNode {
+			base, err := restConfigFor(*kubeconfig, run)
+			if err != nil {
+				return fakenode.Config{}, err
+			}
+			base.QPS, base.Burst = *qps, int(*qps*2)
+			base.UserAgent = "kcp-fake-kubelet"
+			nodeClient = func(name string) (kubernetes.Interface, error) {
+				return fakenode.NodeClient(base, name)
+			}
+		}
 		return fakenode.Config{
-			Client: client, Prefix: *prefix, Count: *count, StartIndex: *startIndex,
+			NodeClient: nodeClient,
+			Client:     client, Prefix: *prefix, Count: *count, StartIndex: *startIndex,
 			Shape:        fakenode.Shape{Capacity: capacity, Allocatable: alloc, Labels: *labels, Images: *images},
 			StatusUpdate: *update, StatusReport: *report, LeaseDuration: *lease, SlowThreshold: *slow,
 			MutatedAnno: *anno, StatsFile: *statsFile, StatsAddr: *statsAddr, RunPods: *runPods, DeleteOnExit: *deleteOnExit,

@@ -7,6 +7,8 @@ package podrunner_test
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -282,17 +284,7 @@ func TestPodRunnerVolumesEnvAndToken(t *testing.T) {
 			{Name: "conf", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "conf", Optional: ptr.To(true)}}},
 		}
 	})
-	create(t, c, p)
-	got := waitPod(t, c, "env", time.Minute, "ready", ready)
-	dir := filepath.Join(c.RunDir, "pods", "runner", fmt.Sprintf("%s_%s_%s", ns, got.Name, got.UID))
-	var env string
-	if err := harness.Eventually(10*time.Second, 100*time.Millisecond, func() error {
-		b, err := os.ReadFile(filepath.Join(dir, "volumes", "out", "env"))
-		env = strings.TrimSpace(string(b))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	dir, env := runAndReadEnv(t, c, p)
 	want := fmt.Sprintf("env %s runner-0 127.0.0.1 %s", ns, filepath.Join(dir, "volumes", "conf", "key"))
 	if env != want {
 		t.Errorf("container environment %q, want %q", env, want)
@@ -325,7 +317,99 @@ func TestPodRunnerVolumesEnvAndToken(t *testing.T) {
 	}
 
 	// The identity: a bound token of the ServiceAccount "default", in the kubeconfig it was given.
-	kc, err := clientcmd.LoadFromFile(filepath.Join(dir, "kubeconfig"))
+	user := whoAmI(t, ctx, filepath.Join(dir, "kubeconfig"))
+	if u := user.Username; u != "system:serviceaccount:"+ns+":default" {
+		t.Errorf("the pod's kubeconfig authenticates as %q", u)
+	}
+	if pods := user.Extra["authentication.kubernetes.io/pod-name"]; len(pods) != 1 || pods[0] != "env" {
+		t.Errorf("token not bound to the pod: extra %v", user.Extra)
+	}
+
+	// automountServiceAccountToken: false and the pod's own projection at the in-cluster path
+	// (deploy/'s Deployment): the token comes from the TokenRequest API with the projection's
+	// expirationSeconds, beside the CA and the namespace; without a projection, no identity.
+	projected := func(p *corev1.Pod) {
+		p.Spec.AutomountServiceAccountToken = ptr.To(false)
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "out", MountPath: "/out"},
+			{Name: "api-token", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true}}
+		p.Spec.Volumes = []corev1.Volume{
+			{Name: "out", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			{Name: "api-token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+				{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr.To(int64(3600))}},
+				{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"},
+					Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+				{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{
+					{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}}}},
+			}}}},
+		}
+	}
+	none := func(p *corev1.Pod) {
+		p.Spec.AutomountServiceAccountToken = ptr.To(false)
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "out", MountPath: "/out"}}
+		p.Spec.Volumes = []corev1.Volume{{Name: "out", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	}
+	for name, mutate := range map[string]func(*corev1.Pod){"projected": projected, "none": none} {
+		dir, env := runAndReadEnv(t, c, pod(name, "example/sh", []string{"-c", `echo "kubeconfig=$KUBECONFIG" > /out/env; exec sleep 600`}, mutate))
+		if name == "none" {
+			if env != "kubeconfig=" {
+				t.Errorf("pod without a token projection was given %q", env)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "kubeconfig")); err == nil {
+				t.Error("pod without a token projection has a kubeconfig")
+			}
+			continue
+		}
+		if env != "kubeconfig="+filepath.Join(dir, "kubeconfig") {
+			t.Errorf("projected: environment %q", env)
+		}
+		for file, want := range map[string]string{"namespace": ns, "ca.crt": "-----BEGIN CERTIFICATE-----"} {
+			b, err := os.ReadFile(filepath.Join(dir, "volumes", "api-token", file))
+			if err != nil || !strings.HasPrefix(string(b), want) {
+				t.Errorf("projected %s: %q, %v", file, b, err)
+			}
+		}
+		token, err := os.ReadFile(filepath.Join(dir, "volumes", "api-token", "token"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if life, err := tokenLifetime(string(token)); err != nil || life != time.Hour {
+			t.Errorf("projected token lifetime %v (%v), want expirationSeconds 3600", life, err)
+		}
+		kc, err := clientcmd.LoadFromFile(filepath.Join(dir, "kubeconfig"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ai := kc.AuthInfos["serviceaccount"]; ai == nil || ai.TokenFile != filepath.Join(dir, "volumes", "api-token", "token") {
+			t.Errorf("kubeconfig does not read the projected token file: %+v", ai)
+		}
+		user := whoAmI(t, ctx, filepath.Join(dir, "kubeconfig"))
+		if pods := user.Extra["authentication.kubernetes.io/pod-name"]; user.Username != "system:serviceaccount:"+ns+":default" || len(pods) != 1 || pods[0] != name {
+			t.Errorf("projected token authenticates as %+v", user)
+		}
+	}
+}
+
+// runAndReadEnv creates the pod, waits until it is ready and returns its directory and what its
+// container wrote into /out/env (an emptyDir named "out").
+func runAndReadEnv(t *testing.T, c *harness.Cluster, p *corev1.Pod) (dir, env string) {
+	t.Helper()
+	create(t, c, p)
+	got := waitPod(t, c, p.Name, time.Minute, "ready", ready)
+	dir = filepath.Join(c.RunDir, "pods", "runner", fmt.Sprintf("%s_%s_%s", ns, got.Name, got.UID))
+	if err := harness.Eventually(10*time.Second, 100*time.Millisecond, func() error {
+		b, err := os.ReadFile(filepath.Join(dir, "volumes", "out", "env"))
+		env = strings.TrimSpace(string(b))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return dir, env
+}
+
+// whoAmI is the API server's view of the identity in a kubeconfig (SelfSubjectReview).
+func whoAmI(t *testing.T, ctx context.Context, kubeconfig string) authenticationv1.UserInfo {
+	t.Helper()
+	kc, err := clientcmd.LoadFromFile(kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,10 +421,23 @@ func TestPodRunnerVolumesEnvAndToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u := review.Status.UserInfo.Username; u != "system:serviceaccount:"+ns+":default" {
-		t.Errorf("the pod's kubeconfig authenticates as %q", u)
+	return review.Status.UserInfo
+}
+
+// tokenLifetime is exp - iat of a JWT (its claims read without checking the signature: the API
+// server checked it above).
+func tokenLifetime(jwt string) (time.Duration, error) {
+	parts := strings.Split(jwt, ".")
+	if len(parts) != 3 {
+		return 0, fmt.Errorf("not a JWT")
 	}
-	if pods := review.Status.UserInfo.Extra["authentication.kubernetes.io/pod-name"]; len(pods) != 1 || pods[0] != "env" {
-		t.Errorf("token not bound to the pod: extra %v", review.Status.UserInfo.Extra)
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return 0, err
 	}
+	var claims struct{ Exp, Iat int64 }
+	if err := json.Unmarshal(b, &claims); err != nil {
+		return 0, err
+	}
+	return time.Duration(claims.Exp-claims.Iat) * time.Second, nil
 }

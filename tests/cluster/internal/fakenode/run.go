@@ -21,13 +21,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	nodeutil "k8s.io/component-helpers/node/util"
 	"k8s.io/utils/ptr"
 )
 
 // Config of a group of fake nodes.
 type Config struct {
-	Client        kubernetes.Interface
+	Client kubernetes.Interface
+	// NodeClient, if set, gives the client a node registers and writes its status with (a
+	// kubelet's own identity, see NodeClient); nil: Client.
+	NodeClient    func(name string) (kubernetes.Interface, error)
 	Prefix        string
 	Count         int
 	StartIndex    int
@@ -48,6 +52,18 @@ type Config struct {
 	// usage scripted by UsageAnnotation) over TLS with this certificate on its own 127.0.0.1
 	// port, published in status.daemonEndpoints.kubeletEndpoint.port as a kubelet does.
 	KubeletCert func(node string) (tls.Certificate, error)
+}
+
+// NodeClient is a client that acts as the node's kubelet does: user system:node:<name> in the
+// group system:nodes (impersonated by base's user), so that the Node authorizer, NodeRestriction
+// and admission match conditions on userInfo see a kubelet.
+func NodeClient(base *rest.Config, name string) (kubernetes.Interface, error) {
+	cfg := rest.CopyConfig(base)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:node:" + name,
+		Groups:   []string{"system:nodes", "system:authenticated"},
+	}
+	return kubernetes.NewForConfig(cfg)
 }
 
 // NodeName is the name of the i-th node of a group.
@@ -103,7 +119,15 @@ func Run(ctx context.Context, cfg Config) error {
 		wg.Add(1)
 		go func(name string) {
 			defer wg.Done()
-			k := &kubelet{cfg: cfg, name: name, box: box, port: ports[name]}
+			k := &kubelet{cfg: cfg, client: cfg.Client, name: name, box: box, port: ports[name]}
+			if cfg.NodeClient != nil {
+				c, err := cfg.NodeClient(name)
+				if err != nil {
+					log.Printf("node %s: client: %v", name, err)
+					return
+				}
+				k.client = c
+			}
 			k.run(ctx)
 		}(name)
 	}
@@ -125,6 +149,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 type kubelet struct {
 	cfg            Config
+	client         kubernetes.Interface // registration and status writes (see Config.NodeClient)
 	name           string
 	box            *statsBox
 	port           int // kubelet endpoint port (0: the kubelet's default, nothing listens)
@@ -177,7 +202,7 @@ func (k *kubelet) register(ctx context.Context) bool {
 		node.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(k.port)
 	}
 	start := time.Now()
-	created, err := k.cfg.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	created, err := k.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	lat := time.Since(start)
 	if apierrors.IsAlreadyExists(err) {
 		// Registered by an earlier run: the status loop reconciles it, as the kubelet does.
@@ -216,7 +241,7 @@ func (k *kubelet) tryUpdateNodeStatus(ctx context.Context, try int) error {
 		// The kubelet's first try reads from the API server's cache.
 		opts.ResourceVersion = "0"
 	}
-	node, err := k.cfg.Client.CoreV1().Nodes().Get(ctx, k.name, opts)
+	node, err := k.client.CoreV1().Nodes().Get(ctx, k.name, opts)
 	if err != nil {
 		// A first read from the API server's cache may miss a node created a moment ago; the
 		// next try reads from etcd. Like the kubelet, never register again once registered.
@@ -231,7 +256,7 @@ func (k *kubelet) tryUpdateNodeStatus(ctx context.Context, try int) error {
 		return nil
 	}
 	start := time.Now()
-	updated, _, err := nodeutil.PatchNodeStatus(k.cfg.Client.CoreV1(), types.NodeName(k.name), original, node)
+	updated, _, err := nodeutil.PatchNodeStatus(k.client.CoreV1(), types.NodeName(k.name), original, node)
 	lat := time.Since(start)
 	mutated := err == nil && updated.Annotations[k.cfg.MutatedAnno] != ""
 	overridden := err == nil && !apiequality.Semantic.DeepEqual(updated.Status.Allocatable, node.Status.Allocatable)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -53,6 +54,7 @@ type podWorker struct {
 	started     *metav1.Time
 	registered  []Registration
 	tokenExpiry time.Time
+	tokens      []tokenVolume // projected service account token volumes
 	prepErr     string
 	syncing     map[string]bool // secret volumes whose sync loop runs
 }
@@ -202,7 +204,7 @@ func (w *podWorker) run(ctx context.Context) {
 				}
 			}
 			if w.tokenDue() {
-				if err := w.writeToken(ctx, w.pod()); err != nil {
+				if err := w.writeTokens(ctx, w.pod()); err != nil {
 					w.logln("token refresh: %v", err)
 				}
 			}
@@ -228,11 +230,15 @@ func (w *podWorker) prepare(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return err
 	}
+	// The token reaches the pod only through a projected volume: the kube-api-access-* one the
+	// ServiceAccount admission plugin adds (automountServiceAccountToken not false), or one of
+	// the pod's own. KUBECONFIG stands in for the in-cluster configuration when a container
+	// mounts one at the standard path.
+	if err := w.writeTokens(ctx, pod); err != nil {
+		return err
+	}
 	kubeconfig := ""
-	if pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken {
-		if err := w.writeToken(ctx, pod); err != nil {
-			return err
-		}
+	if w.inClusterToken(pod) != "" {
 		kubeconfig = filepath.Join(w.dir, "kubeconfig")
 	}
 	rw := Rewriter{Ports: w.ports, Mounts: mounts}
@@ -353,9 +359,15 @@ func (w *podWorker) setupVolumes(ctx context.Context, pod *corev1.Pod) (map[stri
 				return nil, err
 			}
 		case v.Projected != nil && serviceAccountProjection(v.Projected):
-			// The kube-api-access-* volume the ServiceAccount admission plugin adds: the token,
-			// the cluster CA and the namespace, written by writeToken.
-			dir = filepath.Join(w.dir, "serviceaccount")
+			// A service account token projection (the kube-api-access-* volume the
+			// ServiceAccount admission plugin adds, or the pod's own): the token, the cluster CA
+			// and the namespace, written by writeTokens.
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, err
+			}
+			if !slices.ContainsFunc(w.tokens, func(t tokenVolume) bool { return t.name == v.Name }) {
+				w.tokens = append(w.tokens, tokenVolume{name: v.Name, dir: dir, source: v.Projected})
+			}
 		default:
 			return nil, fmt.Errorf("volume %s: only secret, emptyDir and the service account projection are supported", v.Name)
 		}
@@ -387,50 +399,129 @@ func serviceAccountProjection(p *corev1.ProjectedVolumeSource) bool {
 	return true
 }
 
-// writeToken asks for a token of the pod's ServiceAccount bound to the pod (TokenRequest, as
-// the kubelet does for the projected token) and writes it, the cluster CA and the namespace
-// into <pod dir>/serviceaccount, and a kubeconfig that reads the token file (clients re-read
-// it, so a renewed token is picked up).
-func (w *podWorker) writeToken(ctx context.Context, pod *corev1.Pod) error {
+// InClusterTokenDir is where the in-cluster configuration reads the token and CA.
+const InClusterTokenDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// tokenVolume is a projected volume with a service account token.
+type tokenVolume struct {
+	name, dir string
+	source    *corev1.ProjectedVolumeSource
+}
+
+// inClusterToken is the token file of the projection a container mounts at InClusterTokenDir
+// ("" when none does).
+func (w *podWorker) inClusterToken(pod *corev1.Pod) string {
+	for _, c := range pod.Spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if strings.TrimRight(m.MountPath, "/") != InClusterTokenDir {
+				continue
+			}
+			for _, t := range w.tokens {
+				if t.name != m.Name {
+					continue
+				}
+				for _, src := range t.source.Sources {
+					if src.ServiceAccountToken != nil {
+						return filepath.Join(t.dir, src.ServiceAccountToken.Path)
+					}
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// writeTokens fills every projected token volume as the kubelet does: a token of the pod's
+// ServiceAccount bound to the pod, from the TokenRequest API, with the projection's
+// expirationSeconds and audience; the cluster CA (ConfigMap kube-root-ca.crt) and downward API
+// fields at their paths. Then a kubeconfig that reads the token file of the projection mounted
+// at the in-cluster path (clients re-read it, so a renewed token is picked up). Tokens are
+// renewed at 80% of the shortest lifetime, as the kubelet does.
+func (w *podWorker) writeTokens(ctx context.Context, pod *corev1.Pod) error {
 	sa := pod.Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
 	}
-	ttl := int64(w.r.cfg.TokenTTL / time.Second)
-	tr, err := w.r.cfg.Client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{
-			ExpirationSeconds: &ttl,
-			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("token for service account %s/%s: %w", pod.Namespace, sa, err)
-	}
-	saDir := filepath.Join(w.dir, "serviceaccount")
-	if err := os.MkdirAll(saDir, 0o755); err != nil {
-		return err
-	}
 	ca := w.r.cfg.RestConfig.CAData
 	if len(ca) == 0 && w.r.cfg.RestConfig.CAFile != "" {
+		var err error
 		if ca, err = os.ReadFile(w.r.cfg.RestConfig.CAFile); err != nil {
 			return err
 		}
 	}
-	for name, data := range map[string][]byte{"token": []byte(tr.Status.Token), "ca.crt": ca, "namespace": []byte(pod.Namespace)} {
-		if err := writeAtomic(filepath.Join(saDir, name), data, 0o600); err != nil {
+	var shortest time.Duration
+	for _, t := range w.tokens {
+		files := map[string][]byte{}
+		for _, src := range t.source.Sources {
+			switch {
+			case src.ServiceAccountToken != nil:
+				ttl := w.r.cfg.TokenTTL
+				if e := src.ServiceAccountToken.ExpirationSeconds; e != nil {
+					ttl = time.Duration(*e) * time.Second
+				}
+				secs := int64(ttl / time.Second)
+				spec := authenticationv1.TokenRequestSpec{
+					ExpirationSeconds: &secs,
+					BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+				}
+				if a := src.ServiceAccountToken.Audience; a != "" {
+					spec.Audiences = []string{a}
+				}
+				tr, err := w.r.cfg.Client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, sa,
+					&authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
+				if err != nil {
+					return fmt.Errorf("volume %s: token for service account %s/%s: %w", t.name, pod.Namespace, sa, err)
+				}
+				files[src.ServiceAccountToken.Path] = []byte(tr.Status.Token)
+				if shortest == 0 || ttl < shortest {
+					shortest = ttl
+				}
+			case src.ConfigMap != nil:
+				if len(src.ConfigMap.Items) == 0 {
+					files["ca.crt"] = ca
+				}
+				for _, it := range src.ConfigMap.Items {
+					if it.Key != "ca.crt" {
+						return fmt.Errorf("volume %s: kube-root-ca.crt has no key %q", t.name, it.Key)
+					}
+					files[it.Path] = ca
+				}
+			case src.DownwardAPI != nil:
+				for _, it := range src.DownwardAPI.Items {
+					if it.FieldRef == nil {
+						return fmt.Errorf("volume %s: downward API item %s: only fieldRef is supported", t.name, it.Path)
+					}
+					v, err := FieldValue(pod, it.FieldRef.FieldPath)
+					if err != nil {
+						return fmt.Errorf("volume %s: %w", t.name, err)
+					}
+					files[it.Path] = []byte(v)
+				}
+			}
+		}
+		for name, data := range files {
+			path := filepath.Join(t.dir, name)
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return err
+			}
+			if err := writeAtomic(path, data, 0o600); err != nil {
+				return err
+			}
+		}
+	}
+	if token := w.inClusterToken(pod); token != "" {
+		kc := clientcmdapi.NewConfig()
+		kc.Clusters["cluster"] = &clientcmdapi.Cluster{Server: w.r.cfg.RestConfig.Host, CertificateAuthorityData: ca}
+		kc.AuthInfos["serviceaccount"] = &clientcmdapi.AuthInfo{TokenFile: token}
+		kc.Contexts["pod"] = &clientcmdapi.Context{Cluster: "cluster", AuthInfo: "serviceaccount", Namespace: pod.Namespace}
+		kc.CurrentContext = "pod"
+		if err := clientcmd.WriteToFile(*kc, filepath.Join(w.dir, "kubeconfig")); err != nil {
 			return err
 		}
 	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["cluster"] = &clientcmdapi.Cluster{Server: w.r.cfg.RestConfig.Host, CertificateAuthorityData: ca}
-	kc.AuthInfos["serviceaccount"] = &clientcmdapi.AuthInfo{TokenFile: filepath.Join(saDir, "token")}
-	kc.Contexts["pod"] = &clientcmdapi.Context{Cluster: "cluster", AuthInfo: "serviceaccount", Namespace: pod.Namespace}
-	kc.CurrentContext = "pod"
-	if err := clientcmd.WriteToFile(*kc, filepath.Join(w.dir, "kubeconfig")); err != nil {
-		return err
+	if shortest > 0 {
+		w.tokenExpiry = time.Now().Add(time.Duration(float64(shortest) * 0.8))
 	}
-	// Renewed at 80% of its life, as the kubelet does.
-	w.tokenExpiry = time.Now().Add(time.Duration(float64(w.r.cfg.TokenTTL) * 0.8))
 	return nil
 }
 
