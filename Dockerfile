@@ -27,7 +27,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bin kube-overcommit \
  && cp target/release/kube-overcommit /kube-overcommit
 # The final stage has glibc and libgcc only: fail the build if the binary needs anything else.
-RUN ldd /kube-overcommit | tee /dev/stderr \
+RUN ldd /kube-overcommit | tee -a /dev/stderr \
   | awk '$1 !~ /^(linux-vdso|libc|libm|libgcc_s|libpthread|libdl|librt)\.so\.|^\/lib64\/ld-linux/ {bad=1} END {exit bad}' \
  && /kube-overcommit --help >/dev/null
 

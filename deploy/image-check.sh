@@ -30,8 +30,9 @@ say "building the release binary (as the Dockerfile's build stage) into $target_
 (cd "$root" && CARGO_TARGET_DIR="$target_dir" CARGO_PROFILE_RELEASE_STRIP=debuginfo \
 	cargo build --release --locked --bin kube-overcommit)
 bin="$target_dir/release/kube-overcommit"
-# The Dockerfile's own check, word for word.
-ldd "$bin" | tee /dev/stderr \
+# The Dockerfile's own check (`tee -a`: when stderr is a log file, as in CI, plain tee would
+# truncate it and lose everything make test printed before).
+ldd "$bin" | tee -a /dev/stderr \
 	| awk '$1 !~ /^(linux-vdso|libc|libm|libgcc_s|libpthread|libdl|librt)\.so\.|^\/lib64\/ld-linux/ {bad=1} END {exit bad}' \
 	|| fail "the binary needs a library that distroless/cc does not have"
 
