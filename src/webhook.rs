@@ -6,13 +6,16 @@
 //! Every refusal is a short text message. `admission` is the one panic guard: it fails open
 //! and never panics, so nothing here catches panics.
 
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 
 use overcommit_core::policy::PolicySet;
@@ -79,7 +82,7 @@ pub struct Webhook {
 #[derive(Debug)]
 enum BodyError {
     TooLarge,
-    Read(hyper::Error),
+    Read(Box<dyn std::error::Error + Send + Sync>),
     TimedOut,
     Busy,
 }
@@ -136,6 +139,7 @@ impl Webhook {
             &budget,
             declared,
             self.max_body_bytes,
+            start,
             timeout,
         )
         .await
@@ -263,36 +267,69 @@ fn content_length(v: Option<&HeaderValue>) -> Result<Option<u64>, ()> {
     }
 }
 
-/// Collect the body into one buffer, reserving its bytes in the budget as they arrive
-/// (a small declared length at once) and before they are copied.
-async fn read_body(
-    mut body: Incoming,
+/// Collect the body, reserving its bytes in the budget as they arrive (a small declared
+/// length at once) and before they are kept, within `timeout` of `started`.
+///
+/// Zero-copy when the body arrives in one frame (the usual case: hyper has it buffered by
+/// the time the handler runs); frames are joined into one buffer otherwise. The timer is
+/// armed only once the body has to be waited for, so a body already received costs no timer
+/// registration.
+async fn read_body<B>(
+    body: B,
     budget: &BodyBudget,
     declared: Option<u64>,
     limit: usize,
+    started: Instant,
     timeout: Duration,
-) -> Result<(Vec<u8>, Reservation), BodyError> {
-    let collect = async {
-        let mut reserved = budget.start(declared).await?;
-        let capacity = declared.map_or(DEFAULT_BODY_CAPACITY, |n| n as usize);
-        let mut buf = Vec::with_capacity(capacity.min(limit));
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(BodyError::Read)?;
-            if let Ok(data) = frame.into_data() {
-                let len = buf.len() + data.len();
-                if len > limit {
-                    return Err(BodyError::TooLarge);
-                }
-                reserved.cover(len as u64).await?;
-                buf.extend_from_slice(&data);
+) -> Result<(Bytes, Reservation), BodyError>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let deadline = tokio::time::Instant::from_std(started) + timeout;
+    let mut body = pin!(body);
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut reserved = budget.start(declared).await?;
+    let capacity = declared
+        .map_or(DEFAULT_BODY_CAPACITY, |n| n as usize)
+        .min(limit);
+    let mut single: Option<Bytes> = None;
+    let mut joined: Vec<u8> = Vec::new();
+    let mut total = 0usize;
+    loop {
+        let next = poll_fn(|cx| match body.as_mut().poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(Ok(frame)),
+            Poll::Pending => {
+                let timer =
+                    timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                timer.as_mut().poll(cx).map(|()| Err(BodyError::TimedOut))
             }
+        })
+        .await?;
+        let Some(frame) = next else { break };
+        let Ok(data) = frame.map_err(|e| BodyError::Read(e.into()))?.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
         }
-        // The bytes stay reserved until the review is answered and the buffer freed.
-        Ok((buf, reserved))
-    };
-    tokio::time::timeout(timeout, collect)
-        .await
-        .unwrap_or(Err(BodyError::TimedOut))
+        total += data.len();
+        if total > limit {
+            return Err(BodyError::TooLarge);
+        }
+        reserved.cover(total as u64).await?;
+        if total == data.len() {
+            single = Some(data);
+        } else {
+            if let Some(first) = single.take() {
+                joined.reserve_exact(capacity.max(total));
+                joined.extend_from_slice(&first);
+            }
+            joined.extend_from_slice(&data);
+        }
+    }
+    // The bytes stay reserved until the review is answered and the body freed.
+    Ok((single.unwrap_or_else(|| Bytes::from(joined)), reserved))
 }
 
 /// The API server's `timeout` query parameter, a Go duration such as `10s` or `1m30s`.
@@ -335,7 +372,83 @@ fn parse_go_duration(s: &str) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
+    use std::task::Context;
+
+    use hyper::body::Frame;
+
     use super::*;
+    use crate::server::budget::Budget;
+
+    /// A body that yields these frames, then ends or (stall) never ends.
+    struct Frames {
+        frames: VecDeque<Bytes>,
+        stall: bool,
+    }
+
+    impl hyper::body::Body for Frames {
+        type Data = Bytes;
+        type Error = std::io::Error;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            match self.frames.pop_front() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None if self.stall => Poll::Pending,
+                None => Poll::Ready(None),
+            }
+        }
+    }
+
+    async fn read(
+        frames: &[&'static [u8]],
+        stall: bool,
+        limit: usize,
+    ) -> Result<(Bytes, u64), BodyError> {
+        let budget = BodyBudget::new(Arc::new(Budget::new(64 << 20)));
+        let body = Frames {
+            frames: frames.iter().map(|f| Bytes::from_static(f)).collect(),
+            stall,
+        };
+        let timeout = Duration::from_millis(50);
+        let (bytes, reserved) =
+            read_body(body, &budget, None, limit, Instant::now(), timeout).await?;
+        Ok((bytes, reserved.held()))
+    }
+
+    #[tokio::test]
+    async fn body_in_one_frame_is_not_copied() {
+        static ONE: &[u8] = b"{\"kind\":\"AdmissionReview\"}";
+        let (bytes, held) = read(&[ONE], false, 1024).await.expect("read");
+        assert_eq!(bytes.as_ptr(), ONE.as_ptr(), "the frame itself, not a copy");
+        assert!(held >= ONE.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn frames_are_joined_in_order_and_empty_ones_skipped() {
+        let (bytes, _) = read(&[b"{\"a\":", b"", b"1", b"}"], false, 1024)
+            .await
+            .expect("read");
+        assert_eq!(&bytes[..], b"{\"a\":1}");
+        let (bytes, _) = read(&[], false, 1024).await.expect("empty body");
+        assert!(bytes.is_empty());
+    }
+
+    #[tokio::test]
+    async fn limit_counts_all_frames() {
+        let r = read(&[b"12345", b"678"], false, 7).await;
+        assert!(matches!(r, Err(BodyError::TooLarge)), "{r:?}");
+        assert!(read(&[b"12345", b"67"], false, 7).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stops_arriving_times_out() {
+        let started = Instant::now();
+        let r = read(&[b"{\"partial\":"], true, 1024).await;
+        assert!(matches!(r, Err(BodyError::TimedOut)), "{r:?}");
+        assert!(started.elapsed() >= Duration::from_millis(50));
+    }
 
     #[test]
     fn content_types() {
