@@ -236,6 +236,28 @@ pub fn members_in<'b>(
     Some(end)
 }
 
+/// Calls `member` with each key and value of the object of strings whose `{` is at
+/// `body[start]`, as the bytes between their quotes, and returns the index past its `}`.
+/// Nothing is decoded or checked as UTF-8 (the caller checks the text it keeps): for a reader
+/// that takes a few members as they are and compares the rest as bytes. `None` where a key or
+/// value has an escape, where `members_in` would leave the object to serde_json, or where
+/// `member` says so.
+pub fn unescaped_members_in<'b>(
+    body: &'b [u8],
+    start: usize,
+    mut member: impl FnMut(&'b [u8], &'b [u8]) -> Option<()>,
+) -> Option<usize> {
+    walk(body, start, |key, value| {
+        if key.escaped || value.escaped {
+            return None;
+        }
+        member(
+            body.get(key.start + 1..key.end - 1)?,
+            body.get(value.start + 1..value.end - 1)?,
+        )
+    })
+}
+
 /// Calls `element` with the index of each element of the array whose `[` is at `body[start]`;
 /// `element` reads the element and returns the index past it. Returns the index past the `]`;
 /// `None` where serde_json must read it, or where `element` says so.

@@ -111,6 +111,9 @@
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Visitor};
@@ -748,8 +751,10 @@ fn needs_stored_conditions(request: &RequestIn<'_>, needs: &dyn Needs) -> bool {
 fn jump_to_old_object(body: &[u8], object_start: usize, from: usize) -> Option<usize> {
     const KEY: &[u8] = b"\"oldObject\":";
     const WINDOW: usize = 4096;
+    // Built once: building a searcher costs more than searching the window.
+    static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
     let find = |from: usize, to: usize| {
-        let found = memchr::memmem::find(body.get(from..to.min(body.len()))?, KEY)?;
+        let found = FINDER.find(body.get(from..to.min(body.len()))?)?;
         Some(from + found)
     };
     let middle = object_start + body.len().saturating_sub(object_start) / 2;
@@ -800,16 +805,69 @@ fn look_ahead<'a>(
     ahead: &mut Ahead<'a>,
 ) -> Option<(Vec<Condition<'a>>, usize)> {
     const CONDITIONS: &[u8] = b"\"conditions\":[";
+    static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(CONDITIONS));
     let comma = jump_to_old_object(body, ahead.object_start, start)?;
     ahead.old_object_comma = Some(comma);
-    let found = memchr::memmem::find(body.get(comma..)?, CONDITIONS)?;
+    let found = FINDER.find(body.get(comma..)?)?;
     let at = comma + found + CONDITIONS.len() - 1;
+    // Usually the object's array is the stored one but for the heartbeat times: then only the
+    // types and times are needed. Otherwise the stored array is read whole, for the rules.
+    if let Some((light, end)) = heartbeats_at(body, at)
+        && let Some(same) = same_but_heartbeats(body, start, at..end, &light)
+    {
+        ahead.stored = Some((at..end, light));
+        return Some(same);
+    }
     let (Some(stored), end) = conditions_at(body, at).ok()? else {
         return None;
     };
     let same = same_but_heartbeats(body, start, at..end, &stored);
     ahead.stored = Some((at..end, stored));
     same
+}
+
+/// The conditions of the array at `start` as `look_ahead` reads them first: each condition's
+/// type and heartbeat time, borrowed, and no other field (left `None`), and the index past the
+/// array. Only for arrays the object's array equals byte for byte but for the heartbeat times
+/// (`same_but_heartbeats`): the fields not read are then the same on both sides, and `None`
+/// compares equal to `None`. `None` where the array is not plainly written (escapes, nulls,
+/// a known field given twice, text that is not UTF-8): then it is read whole, as any other.
+fn heartbeats_at(body: &[u8], start: usize) -> Option<(Vec<Condition<'_>>, usize)> {
+    const FIELDS: [&[u8]; 6] = [
+        b"type",
+        b"status",
+        b"reason",
+        b"message",
+        b"lastTransitionTime",
+        b"lastHeartbeatTime",
+    ];
+    let mut conditions = Vec::with_capacity(8);
+    let end = plain::array_in(body, start, |at| {
+        let mut condition = Condition::default();
+        // serde refuses a field given twice: so does this, for every field it knows.
+        let mut given = 0u8;
+        let end = plain::unescaped_members_in(body, at, |key, value| {
+            let Some(field) = FIELDS.iter().position(|f| *f == key) else {
+                return Some(());
+            };
+            if given & (1 << field) != 0 {
+                return None;
+            }
+            given |= 1 << field;
+            let value = || std::str::from_utf8(value).ok().map(Cow::Borrowed);
+            match field {
+                0 => condition.kind = Some(value()?),
+                5 => condition.last_heartbeat_time = Some(value()?),
+                _ => {}
+            }
+            Some(())
+        })?;
+        conditions.push(condition);
+        Some(end)
+    })?;
+    // What serde would refuse in the fields not read: text that is not UTF-8.
+    std::str::from_utf8(body.get(start..end)?).ok()?;
+    Some((conditions, end))
 }
 
 /// The stored node (starting at `start`) as the rules need it when only its conditions are

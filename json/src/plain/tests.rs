@@ -301,3 +301,50 @@ fn arrays_of_plain_objects_are_read_or_left_to_serde_json() {
     // `element` may refuse: the array is then left to serde_json.
     assert_eq!(array_in(br#"[{"a":"1"}]"#, 0, |_| None), None);
 }
+
+#[test]
+fn unescaped_members_are_the_raw_bytes_between_quotes() {
+    let body = br#"  {"type": "Ready" ,"message":"kubelet is posting ready status","n":""}  "#;
+    let mut seen = Vec::new();
+    let end = unescaped_members_in(body, 2, |key, value| {
+        seen.push((key.to_vec(), value.to_vec()));
+        Some(())
+    });
+    assert_eq!(end, Some(body.len() - 2));
+    let want: Vec<(Vec<u8>, Vec<u8>)> = [
+        ("type", "Ready"),
+        ("message", "kubelet is posting ready status"),
+        ("n", ""),
+    ]
+    .iter()
+    .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+    .collect();
+    assert_eq!(seen, want);
+    // Agrees with `members_in` on where the object ends.
+    assert_eq!(members_in(body, 2, |_, _| Some(())), end);
+}
+
+#[test]
+fn unescaped_members_refuse_escapes_and_anything_members_in_refuses() {
+    let refused: &[&[u8]] = &[
+        br#"{"message":"a \"quoted\" word"}"#,
+        br#"{"ty\u0070e":"Ready"}"#,
+        br#"{"type":null}"#,
+        br#"{"type":"Ready",}"#,
+        br#"{"type":"Re"#,
+        b"{\"type\":\"Re\x01ady\"}",
+        br#"["type"]"#,
+    ];
+    for body in refused {
+        let read = unescaped_members_in(body, 0, |_, _| Some(()));
+        assert_eq!(read, None, "{}", String::from_utf8_lossy(body));
+    }
+    // The member's own refusal stops the walk.
+    let body = br#"{"a":"1","b":"2"}"#;
+    let mut calls = 0;
+    let read = unescaped_members_in(body, 0, |_, _| {
+        calls += 1;
+        None
+    });
+    assert_eq!((read, calls), (None, 1));
+}

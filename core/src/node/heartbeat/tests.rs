@@ -275,3 +275,64 @@ fn a_condition_read_member_by_member_is_the_condition_serde_reads() {
         None
     );
 }
+
+#[test]
+fn the_api_servers_time_form_is_read_as_jiff_reads_it() {
+    let jiff_ms = |t: &str| {
+        t.parse::<jiff::Timestamp>()
+            .ok()
+            .map(|t| t.as_millisecond())
+    };
+    let fixed = [
+        "1970-01-01T00:00:00Z",
+        "1969-12-31T23:59:59Z",
+        "2000-02-29T12:00:00Z",
+        "2100-02-28T23:59:59Z",
+        "2024-02-29T00:00:01Z",
+        "2026-11-24T01:41:17Z",
+        "0001-01-01T00:00:00Z",
+        "9999-12-30T21:59:59Z",
+    ];
+    for t in fixed {
+        assert_eq!(utc_seconds_ms(t), jiff_ms(t), "{t}");
+        assert!(utc_seconds_ms(t).is_some(), "{t}");
+    }
+    // Every day from 1900 to 2200 at a varying time of day.
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let start = jiff::civil::date(1900, 1, 1);
+    for offset in 0..(300 * 366) {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let Ok(day) = start.checked_add(jiff::Span::new().days(offset)) else {
+            break;
+        };
+        let secs = (seed >> 33) % 86_400;
+        let t = format!(
+            "{day}T{:02}:{:02}:{:02}Z",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60
+        );
+        assert_eq!(utc_seconds_ms(&t), jiff_ms(&t), "{t}");
+    }
+    // Other forms and impossible dates are left to jiff (which reads or refuses them).
+    let others = [
+        "2026-11-24T01:41:17.5Z",
+        "2026-11-24T01:41:17+01:00",
+        "2026-11-24 01:41:17Z",
+        "2026-02-29T00:00:00Z",
+        "2026-13-01T00:00:00Z",
+        "2026-11-31T00:00:00Z",
+        "2026-11-24T24:00:00Z",
+        "2026-11-24T23:60:00Z",
+        "2026-11-24T23:59:60Z",
+        "+2026-11-24T01:41:1Z",
+        "2026-11-2xT01:41:17Z",
+        "2026-11-2/T01:41:17Z",
+        "2026-11-24T01:41: 7Z",
+        "",
+    ];
+    for t in others {
+        assert_eq!(utc_seconds_ms(t), None, "{t}");
+        assert_eq!(timestamp_ms(t), jiff_ms(t), "{t}");
+    }
+}
