@@ -1,11 +1,11 @@
-//! Command line: `serve`, `review`, `crd`, `rotate`. Every flag also reads an environment
+//! Command line: `serve`, `review`, `crd`, `rotate`, `status`. Every flag also reads an environment
 //! variable `KUBE_OVERCOMMIT_<FLAG>`; every duration flag takes the one grammar of
 //! `crate::duration`.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::app::{self, ServeArgs};
 
@@ -33,6 +33,10 @@ pub enum Command {
     Crd,
     /// Ask the leader for a forced rotation of the serving leaf (or, with --ca, of the CA).
     Rotate(crate::leader::rotate::RotateArgs),
+    /// One row per node: policy, raw and written allocatable, requested, usage (like
+    /// `kubectl top nodes`). Also `kubectl overcommit status` with the binary installed as
+    /// `kubectl-overcommit` on the PATH.
+    Status(crate::status::StatusArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -55,9 +59,11 @@ pub struct LogArgs {
     pub log_format: LogFormat,
 }
 
-fn init_tracing(args: &LogArgs) -> anyhow::Result<()> {
+/// `default` is the level without RUST_LOG: `info` for the server, `error` for commands a
+/// person reads the output of.
+fn init_tracing(args: &LogArgs, default: &str) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -68,9 +74,29 @@ fn init_tracing(args: &LogArgs) -> anyhow::Result<()> {
     res.map_err(|e| anyhow::anyhow!("initialising logging: {e}"))
 }
 
+/// The name kubectl runs a plugin by: `kubectl overcommit ...` runs `kubectl-overcommit ...`.
+pub const KUBECTL_PLUGIN: &str = "kubectl-overcommit";
+
 pub fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    init_tracing(&cli.log)?;
+    let invoked_as_plugin = std::env::args_os()
+        .next()
+        .and_then(|arg0| {
+            std::path::Path::new(&arg0)
+                .file_name()
+                .map(|n| n == KUBECTL_PLUGIN)
+        })
+        .unwrap_or(false);
+    let mut command = Cli::command();
+    if invoked_as_plugin {
+        // Help and errors name the command as the user typed it.
+        command = command.bin_name("kubectl overcommit");
+    }
+    let cli = Cli::from_arg_matches_mut(&mut command.get_matches()).unwrap_or_else(|e| e.exit());
+    let default_level = match cli.command {
+        Command::Status(_) => "error",
+        _ => "info",
+    };
+    init_tracing(&cli.log, default_level)?;
     match cli.command {
         Command::Serve(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -90,6 +116,13 @@ pub fn main() -> anyhow::Result<()> {
                 .build()
                 .context("starting the async runtime")?;
             rt.block_on(crate::leader::rotate::run(args))
+        }
+        Command::Status(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(crate::status::run(args))
         }
     }
 }

@@ -15,6 +15,8 @@ package e2e
 //  5. The Lease holder alone exports kube_overcommit_node_raw_allocatable, the kubelet's cpu of
 //     each inflated node, also after the Lease is handed to the other replica while both run;
 //     a node's series goes when it loses the annotation.
+//  7. `kubectl overcommit status` (status_test.go) shows the pool's policy, raw and written cpu
+//     and the bound pods' requests.
 //
 // Throughout, no fake kubelet status write or registration fails. The API server presents a
 // client certificate (its AdmissionConfiguration) and the replicas require one
@@ -212,6 +214,12 @@ func TestOvercommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("after the policy: %d of %d pods bound %v (raw capacity %d, inflated %d) (%.1fs)", inflatedFit, ocReplicas, after, rawFit, inflatedFit, time.Since(start).Seconds())
+
+	// 7. A person's view: `kubectl overcommit status` shows each node's policy, the kubelet's and
+	// the written cpu, and what the bound pods request.
+	if err := checkStatus(t, c, nodes.Names, after, "oc-pool-cpu", ocNodeCPU, ocNodeCPU*ocRatio); err != nil {
+		t.Fatal(err)
+	}
 
 	// 4a. Pod defaults: a labelled namespace gets them; kube-system (even labelled) and an
 	// unlabelled namespace do not. Pods are pinned to no node, so they use no pool capacity.

@@ -1,0 +1,226 @@
+//! `kube-overcommit status` (also `kubectl overcommit status`, installed as a kubectl plugin by
+//! the name `kubectl-overcommit`): one row per node with its policy, the kubelet's and the
+//! written allocatable, the requested sum as the scheduler counts it, and the usage from
+//! metrics.k8s.io when it answers, like `kubectl top nodes`. The cluster is found as kubectl
+//! finds it. What the rows say is decided in `view`, from what is listed here.
+
+pub mod view;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectList};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use overcommit_core::policy::{OvercommitPolicy, PolicySet, parse_policy_file};
+use overcommit_core::quantity::Quantity;
+use serde::de::DeserializeOwned;
+
+use self::view::{NodeFacts, RESOURCES, scale};
+
+/// How `status` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// `status` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    /// Output format: a table like `kubectl top nodes`, or JSON for scripts.
+    #[arg(
+        short,
+        long,
+        env = "KUBE_OVERCOMMIT_OUTPUT",
+        value_enum,
+        default_value = "table"
+    )]
+    pub output: Output,
+    /// Take the policies from this file instead of the cluster's OvercommitPolicy objects.
+    #[arg(long, env = "KUBE_OVERCOMMIT_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+    /// The kubeconfig file (default: as kubectl finds it: $KUBECONFIG, ~/.kube/config, or the
+    /// in-cluster service account).
+    #[arg(long, env = "KUBE_OVERCOMMIT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    #[arg(long, env = "KUBE_OVERCOMMIT_CONTEXT")]
+    pub context: Option<String>,
+}
+
+/// Objects listed per page, so that a large cluster is listed in bounded pieces.
+const PAGE: u32 = 500;
+
+/// The `status` subcommand (binary edge: anyhow).
+pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
+    let client = client(&args).await?;
+    let policies = policies(&client, args.policy_file.as_ref()).await?;
+    let nodes: Vec<Node> = list_all(Api::all(client.clone()), "nodes").await?;
+    let pods: Vec<Pod> = list_all(Api::all(client.clone()), "pods").await?;
+    let mut requested: BTreeMap<String, BTreeMap<String, u128>> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| crate::pods::is_active(p)) {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_ref()) else {
+            continue;
+        };
+        match crate::pods::requests(pod) {
+            Ok(requests) => {
+                let sums = requested.entry(node.clone()).or_default();
+                for (resource, value) in requests {
+                    *sums.entry(resource).or_insert(0) += value;
+                }
+            }
+            Err(e) => eprintln!("warning: not counted: {e}"),
+        }
+    }
+    let usage = match node_usage(&client).await {
+        Ok(usage) => Some(usage),
+        Err(e) => {
+            eprintln!("note: no usage: {e}");
+            None
+        }
+    };
+    let facts: Vec<NodeFacts> = nodes
+        .into_iter()
+        .map(|node| {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            NodeFacts {
+                requested: requested.remove(&name).unwrap_or_default(),
+                usage: usage
+                    .as_ref()
+                    .map(|u| u.get(&name).cloned().unwrap_or_default()),
+                labels: node.metadata.labels.unwrap_or_default(),
+                annotations: node.metadata.annotations.unwrap_or_default(),
+                allocatable: node
+                    .status
+                    .and_then(|s| s.allocatable)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.0))
+                    .collect(),
+                name,
+            }
+        })
+        .collect();
+    let rows = view::rows(&facts, &policies);
+    for row in &rows {
+        for problem in &row.problems {
+            eprintln!("warning: node {}: {problem}", row.node);
+        }
+    }
+    match args.output {
+        Output::Table => print!("{}", view::table(&rows)),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).context("writing JSON")?
+        ),
+    }
+    Ok(())
+}
+
+async fn client(args: &StatusArgs) -> anyhow::Result<Client> {
+    let config = if args.kubeconfig.is_some() || args.context.is_some() {
+        let kubeconfig = match &args.kubeconfig {
+            Some(path) => Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?,
+            None => Kubeconfig::read().context("reading the kubeconfig")?,
+        };
+        let options = KubeConfigOptions {
+            context: args.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .context("loading the kubeconfig")?
+    } else {
+        Config::infer()
+            .await
+            .context("status needs a cluster (kubeconfig or in-cluster)")?
+    };
+    Client::try_from(config).context("building the API client")
+}
+
+async fn policies(client: &Client, file: Option<&PathBuf>) -> anyhow::Result<PolicySet> {
+    if let Some(path) = file {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let parsed = parse_policy_file(&text).with_context(|| format!("{}", path.display()))?;
+        return PolicySet::new(parsed).with_context(|| format!("{}", path.display()));
+    }
+    let listed: Vec<OvercommitPolicy> = list_all(Api::all(client.clone()), "overcommitpolicies")
+        .await
+        .context("is the OvercommitPolicy CRD installed? (or pass --policy-file)")?;
+    let (set, refused) = PolicySet::from_valid(listed);
+    for e in refused {
+        eprintln!("warning: policy not in force: {e}");
+    }
+    Ok(set)
+}
+
+/// Every object of `api`, page by page.
+async fn list_all<K>(api: Api<K>, what: &str) -> anyhow::Result<Vec<K>>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page: ObjectList<K> = api
+            .list(&params)
+            .await
+            .with_context(|| format!("listing {what}"))?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Each node's usage from metrics.k8s.io (NodeMetrics), in the scheduler's units.
+async fn node_usage(client: &Client) -> anyhow::Result<BTreeMap<String, BTreeMap<String, u128>>> {
+    let resource = ApiResource {
+        group: "metrics.k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "metrics.k8s.io/v1beta1".into(),
+        kind: "NodeMetrics".into(),
+        plural: "nodes".into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let listed = match list_all(api, "nodes.metrics.k8s.io").await {
+        Ok(listed) => listed,
+        Err(e) => {
+            let code = e.downcast_ref::<kube::Error>().and_then(|e| match e {
+                kube::Error::Api(status) => Some(status.code),
+                _ => None,
+            });
+            return Err(match code {
+                Some(404) => anyhow::anyhow!("metrics.k8s.io is not served (no metrics-server?)"),
+                Some(503) => {
+                    anyhow::anyhow!("metrics.k8s.io is unavailable (metrics-server down?)")
+                }
+                _ => e,
+            });
+        }
+    };
+    let mut out = BTreeMap::new();
+    for metrics in listed {
+        let Some(name) = metrics.metadata.name.clone() else {
+            continue;
+        };
+        let mut usage = BTreeMap::new();
+        for resource in RESOURCES {
+            let Some(text) = metrics.data["usage"][resource].as_str() else {
+                continue;
+            };
+            let units = Quantity::parse(text)
+                .and_then(|q| q.to_units_ceil(scale(resource)))
+                .with_context(|| format!("node {name}: usage {resource} {text:?}"))?;
+            usage.insert(resource.to_string(), units);
+        }
+        out.insert(name, usage);
+    }
+    Ok(out)
+}

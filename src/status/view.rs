@@ -1,0 +1,365 @@
+//! What `kube-overcommit status` shows, from plain data: one row per node with its policy, the
+//! kubelet's (raw) and the written allocatable, the requested sum and the usage, and their
+//! shares of raw; rendered as a table like `kubectl top nodes` or as JSON. Pure.
+
+use std::collections::BTreeMap;
+
+use overcommit_core::node::RAW_ALLOCATABLE_ANNOTATION;
+use overcommit_core::policy::{NodeChoice, PolicySet};
+use overcommit_core::quantity::Quantity;
+use serde::Serialize;
+
+/// The resources shown, as `kubectl top nodes` shows them.
+pub const RESOURCES: [&str; 2] = ["cpu", "memory"];
+
+/// What is known of one node.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFacts {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// `status.allocatable`, as written.
+    pub allocatable: BTreeMap<String, String>,
+    /// The sum of its active pods' requests, in the scheduler's units.
+    pub requested: BTreeMap<String, u128>,
+    /// From metrics.k8s.io, in the scheduler's units; `None` when not known.
+    pub usage: Option<BTreeMap<String, u128>>,
+}
+
+/// One node's row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Row {
+    pub node: String,
+    /// The policy's name, `-` for none, `opted-out` for a node labelled out.
+    pub policy: String,
+    pub resources: BTreeMap<String, Cell>,
+    /// Why a value could not be read (an unparsable quantity or annotation).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+/// One resource of a node, in the scheduler's units (cpu in millicores, memory in bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cell {
+    pub unit: &'static str,
+    /// The kubelet's own allocatable (the raw annotation where the webhook inflated it).
+    pub raw: Option<u128>,
+    /// What the scheduler sees.
+    pub allocatable: Option<u128>,
+    pub requested: u128,
+    pub usage: Option<u128>,
+    pub requested_percent_of_raw: Option<f64>,
+    pub usage_percent_of_raw: Option<f64>,
+}
+
+/// The rows, in node name order.
+pub fn rows(nodes: &[NodeFacts], policies: &PolicySet) -> Vec<Row> {
+    let mut rows: Vec<Row> = nodes.iter().map(|n| row(n, policies)).collect();
+    rows.sort_by(|a, b| a.node.cmp(&b.node));
+    rows
+}
+
+fn row(node: &NodeFacts, policies: &PolicySet) -> Row {
+    let policy = match policies.for_node(&node.labels) {
+        NodeChoice::Policy(p) => p.name.clone(),
+        NodeChoice::NoPolicy => "-".to_string(),
+        NodeChoice::OptedOut => "opted-out".to_string(),
+    };
+    let mut problems = Vec::new();
+    let raw_record: BTreeMap<String, String> =
+        match node.annotations.get(RAW_ALLOCATABLE_ANNOTATION) {
+            None => BTreeMap::new(),
+            Some(text) => serde_json::from_str(text).unwrap_or_else(|e| {
+                problems.push(format!("{RAW_ALLOCATABLE_ANNOTATION} is not readable: {e}"));
+                BTreeMap::new()
+            }),
+        };
+    let mut units = |what: &str, text: Option<&String>, resource: &str| {
+        let text = text?;
+        match Quantity::parse(text).and_then(|q| q.to_units_ceil(scale(resource))) {
+            Ok(units) => Some(units),
+            Err(e) => {
+                problems.push(format!("{resource} {what} {text:?}: {e}"));
+                None
+            }
+        }
+    };
+    let mut resources = BTreeMap::new();
+    for resource in RESOURCES {
+        let allocatable = units("allocatable", node.allocatable.get(resource), resource);
+        let raw = match raw_record.get(resource) {
+            Some(text) => units("raw allocatable", Some(text), resource),
+            None => allocatable,
+        };
+        let requested = node.requested.get(resource).copied().unwrap_or(0);
+        let usage = node.usage.as_ref().and_then(|u| u.get(resource).copied());
+        resources.insert(
+            resource.to_string(),
+            Cell {
+                unit: if resource == "cpu" {
+                    "millicores"
+                } else {
+                    "bytes"
+                },
+                raw,
+                allocatable,
+                requested,
+                usage,
+                requested_percent_of_raw: percent(Some(requested), raw),
+                usage_percent_of_raw: percent(usage, raw),
+            },
+        );
+    }
+    Row {
+        node: node.name.clone(),
+        policy,
+        resources,
+        problems,
+    }
+}
+
+/// The scheduler's units: millicores for cpu, whole units otherwise.
+pub fn scale(resource: &str) -> u32 {
+    if resource == "cpu" { 3 } else { 0 }
+}
+
+fn percent(part: Option<u128>, whole: Option<u128>) -> Option<f64> {
+    let (part, whole) = (part?, whole?);
+    (whole > 0).then(|| (part as f64 * 1000.0 / whole as f64).round() / 10.0)
+}
+
+/// The table: a header and one line per node, columns padded to their widest cell.
+pub fn table(rows: &[Row]) -> String {
+    let mut lines = vec![vec![
+        "NODE".to_string(),
+        "POLICY".into(),
+        "CPU RAW".into(),
+        "CPU ALLOC".into(),
+        "CPU REQ".into(),
+        "CPU USE".into(),
+        "MEM RAW".into(),
+        "MEM ALLOC".into(),
+        "MEM REQ".into(),
+        "MEM USE".into(),
+    ]];
+    for row in rows {
+        let mut line = vec![row.node.clone(), row.policy.clone()];
+        for resource in RESOURCES {
+            let Some(cell) = row.resources.get(resource) else {
+                line.extend(std::iter::repeat_n("-".to_string(), 4));
+                continue;
+            };
+            let show = |v: Option<u128>| v.map_or("-".to_string(), |v| human(resource, v));
+            let share = |v: Option<u128>, p: Option<f64>| match (v, p) {
+                (Some(v), Some(p)) => format!("{} ({p}%)", human(resource, v)),
+                (v, _) => show(v),
+            };
+            line.push(show(cell.raw));
+            line.push(show(cell.allocatable));
+            line.push(share(Some(cell.requested), cell.requested_percent_of_raw));
+            line.push(share(cell.usage, cell.usage_percent_of_raw));
+        }
+        lines.push(line);
+    }
+    let columns = lines.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            lines
+                .iter()
+                .filter_map(|l| l.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A value as a person reads it: cpu in cores (`4`, `3.5`) or millicores below one core
+/// (`250m`); memory in Gi (`19.2Gi`), Mi (`512Mi`) or bytes.
+pub fn human(resource: &str, value: u128) -> String {
+    if resource == "cpu" {
+        return match value {
+            v if v < 1000 => format!("{v}m"),
+            v if v % 1000 == 0 => format!("{}", v / 1000),
+            v => trim(format!("{:.3}", v as f64 / 1000.0)),
+        };
+    }
+    const MI: u128 = 1 << 20;
+    const GI: u128 = 1 << 30;
+    match value {
+        v if v >= GI => format!("{}Gi", trim(format!("{:.1}", v as f64 / GI as f64))),
+        v if v >= MI => format!("{}Mi", v / MI),
+        v => v.to_string(),
+    }
+}
+
+fn trim(text: String) -> String {
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use overcommit_core::policy::parse_policy_file;
+
+    use super::*;
+
+    fn policies() -> PolicySet {
+        let yaml = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: workers}
+spec:
+  nodeSelector: {matchLabels: {role: worker}}
+  nodeRatios: {cpu: "1.5"}
+"#;
+        PolicySet::new(parse_policy_file(yaml).expect("policy")).expect("valid")
+    }
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn units(pairs: &[(&str, u128)]) -> BTreeMap<String, u128> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn rows_show_raw_written_requested_and_usage_with_shares_of_raw() {
+        let inflated = NodeFacts {
+            name: "worker-1".into(),
+            labels: map(&[("role", "worker")]),
+            annotations: map(&[(RAW_ALLOCATABLE_ANNOTATION, r#"{"cpu":"4"}"#)]),
+            allocatable: map(&[("cpu", "6"), ("memory", "16Gi")]),
+            requested: units(&[("cpu", 3500), ("memory", 8 << 30)]),
+            usage: Some(units(&[("cpu", 800), ("memory", 4 << 30)])),
+        };
+        let plain = NodeFacts {
+            name: "control-1".into(),
+            labels: map(&[("role", "control"), ("overcommit.dev/disabled", "true")]),
+            allocatable: map(&[("cpu", "3900m"), ("memory", "7Gi")]),
+            ..NodeFacts::default()
+        };
+        let other = NodeFacts {
+            name: "db-1".into(),
+            allocatable: map(&[("cpu", "2"), ("memory", "oops")]),
+            ..NodeFacts::default()
+        };
+        let rows = rows(&[inflated, plain, other], &policies());
+        let names: Vec<&str> = rows.iter().map(|r| r.node.as_str()).collect();
+        assert_eq!(names, ["control-1", "db-1", "worker-1"]);
+        let [control, db, worker] = rows.as_slice() else {
+            panic!("three rows");
+        };
+        assert_eq!(
+            (&*worker.policy, &*control.policy, &*db.policy),
+            ("workers", "opted-out", "-")
+        );
+        let cpu = worker.resources["cpu"];
+        assert_eq!((cpu.raw, cpu.allocatable), (Some(4000), Some(6000)));
+        assert_eq!((cpu.requested, cpu.usage), (3500, Some(800)));
+        assert_eq!(cpu.requested_percent_of_raw, Some(87.5));
+        assert_eq!(cpu.usage_percent_of_raw, Some(20.0));
+        let memory = worker.resources["memory"];
+        assert_eq!(
+            memory.raw,
+            Some(16 << 30),
+            "not inflated: raw is allocatable"
+        );
+        assert_eq!(memory.requested_percent_of_raw, Some(50.0));
+        // No metrics: no usage; a bad quantity is reported, not guessed.
+        assert_eq!(control.resources["cpu"].usage, None);
+        assert_eq!(control.resources["cpu"].raw, Some(3900));
+        assert_eq!(db.resources["memory"].raw, None);
+        assert_eq!(db.problems.len(), 1, "{:?}", db.problems);
+        assert!(
+            db.problems[0].contains("memory allocatable \"oops\""),
+            "{:?}",
+            db.problems
+        );
+
+        let text = table(&rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert!(lines[0].starts_with("NODE"), "{text}");
+        let worker_line = lines[3];
+        for want in [
+            "worker-1",
+            "workers",
+            "4",
+            "6",
+            "3.5 (87.5%)",
+            "800m (20%)",
+            "16Gi",
+            "8Gi (50%)",
+            "4Gi (25%)",
+        ] {
+            assert!(
+                worker_line.contains(want),
+                "{want:?} missing in {worker_line:?}"
+            );
+        }
+        // Columns line up: every line has the policy column at the same offset.
+        let at = lines[0].find("POLICY").expect("header");
+        assert!(
+            lines
+                .iter()
+                .skip(1)
+                .all(|l| l.get(at..).is_some_and(|rest| !rest.starts_with(' '))),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn values_read_as_a_person_reads_them() {
+        let cases = [
+            ("cpu", 250, "250m"),
+            ("cpu", 4000, "4"),
+            ("cpu", 3500, "3.5"),
+            ("cpu", 70_400, "70.4"),
+            ("cpu", 1234, "1.234"),
+            ("memory", 512 << 20, "512Mi"),
+            ("memory", 16 << 30, "16Gi"),
+            ("memory", (192 << 30) / 10, "19.2Gi"),
+            ("memory", 1000, "1000"),
+        ];
+        for (resource, value, want) in cases {
+            assert_eq!(human(resource, value), want, "{resource} {value}");
+        }
+    }
+
+    #[test]
+    fn json_rows_carry_units_and_omit_empty_problems() {
+        let node = NodeFacts {
+            name: "n".into(),
+            allocatable: map(&[("cpu", "2"), ("memory", "1Gi")]),
+            requested: units(&[("cpu", 500)]),
+            ..NodeFacts::default()
+        };
+        let json = serde_json::to_value(rows(&[node], &PolicySet::default())).expect("json");
+        assert_eq!(json[0]["node"], "n");
+        assert_eq!(json[0]["resources"]["cpu"]["unit"], "millicores");
+        assert_eq!(json[0]["resources"]["cpu"]["requestedPercentOfRaw"], 25.0);
+        assert_eq!(json[0]["resources"]["memory"]["raw"], 1u64 << 30);
+        assert!(json[0].get("problems").is_none());
+    }
+}
