@@ -56,7 +56,14 @@ const PAGE: u32 = 500;
 
 /// The `status` subcommand (binary edge: anyhow).
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
-    let client = client(&args).await?;
+    let config = config(&args).await?;
+    // The client retries 503 and 429 with a backoff growing to minutes (kube's default): fine
+    // for listing nodes and pods, but an aggregated metrics API that is down answers 503 at
+    // once, and the table is shown without usage rather than after minutes.
+    let mut once = config.clone();
+    once.default_retry = false;
+    let client = Client::try_from(config).context("building the API client")?;
+    let metrics_client = Client::try_from(once).context("building the API client")?;
     let policies = policies(&client, args.policy_file.as_ref()).await?;
     let nodes: Vec<Node> = list_all(Api::all(client.clone()), "nodes").await?;
     let pods: Vec<Pod> = list_all(Api::all(client.clone()), "pods").await?;
@@ -75,7 +82,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             Err(e) => eprintln!("warning: not counted: {e}"),
         }
     }
-    let usage = match node_usage(&client).await {
+    let usage = match node_usage(&metrics_client).await {
         Ok(usage) => Some(usage),
         Err(e) => {
             eprintln!("note: no usage: {e}");
@@ -120,7 +127,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn client(args: &StatusArgs) -> anyhow::Result<Client> {
+async fn config(args: &StatusArgs) -> anyhow::Result<Config> {
     let config = if args.kubeconfig.is_some() || args.context.is_some() {
         let kubeconfig = match &args.kubeconfig {
             Some(path) => Kubeconfig::read_from(path)
@@ -139,7 +146,7 @@ async fn client(args: &StatusArgs) -> anyhow::Result<Client> {
             .await
             .context("status needs a cluster (kubeconfig or in-cluster)")?
     };
-    Client::try_from(config).context("building the API client")
+    Ok(config)
 }
 
 async fn policies(client: &Client, file: Option<&PathBuf>) -> anyhow::Result<PolicySet> {

@@ -6,6 +6,9 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,6 +187,49 @@ func TestMetricsServer(t *testing.T) {
 	}
 	t.Logf("changed usage visible %v after the annotation changed", time.Since(changed).Round(time.Millisecond))
 
+	// `kube-overcommit status` shows the same usage, read from metrics.k8s.io, with its share
+	// of the node's cpu (4) and memory (8Gi).
+	noPolicies := filepath.Join(t.TempDir(), "none.yaml")
+	if err := os.WriteFile(noPolicies, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := harness.Eventually(2*scrape, 500*time.Millisecond, func() error {
+		rows, _, err := statusJSON(c, "--policy-file", noPolicies)
+		if err != nil {
+			return err
+		}
+		want := map[string][2]string{busyNode: {"2250m", "2Gi"}, idleNode: {"100m", "50Mi"}}
+		seen := 0
+		for _, r := range rows {
+			w, ok := want[r.Node]
+			if !ok {
+				continue
+			}
+			seen++
+			cpu, mem := r.Resources["cpu"], r.Resources["memory"]
+			if cpu.Usage == nil || mem.Usage == nil {
+				return fmt.Errorf("%s: no usage in status", r.Node)
+			}
+			usage := corev1.ResourceList{
+				corev1.ResourceCPU:    *resource.NewMilliQuantity(*cpu.Usage, resource.DecimalSI),
+				corev1.ResourceMemory: *resource.NewQuantity(*mem.Usage, resource.BinarySI),
+			}
+			if err := near("status "+r.Node, usage, w[0], w[1]); err != nil {
+				return err
+			}
+			if r.Policy != "-" || cpu.Raw == nil || *cpu.Raw != 4000 {
+				return fmt.Errorf("%s: policy %q, cpu raw %v (want -, 4000)", r.Node, r.Policy, cpu.Raw)
+			}
+		}
+		if seen != len(want) {
+			return fmt.Errorf("status rows for %d of %v", seen, want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kube-overcommit status shows the scripted usage")
+
 	// metrics-server stopped (SIGTERM), then crashed (SIGKILL, its backend left behind): the
 	// aggregated API answers 503 Service Unavailable.
 	httpClient, err := rest.HTTPClientFor(c.RestConfig)
@@ -219,6 +265,19 @@ func TestMetricsServer(t *testing.T) {
 		t.Fatalf("NodeMetrics with metrics-server stopped: %v, want ServiceUnavailable", err)
 	}
 	t.Logf("503 %v after metrics-server stopped", time.Since(stopped).Round(time.Millisecond))
+	// status without usage, saying why, and still answering.
+	rows, stderr, err := statusJSON(c, "--policy-file", noPolicies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "note: no usage: metrics.k8s.io is unavailable") {
+		t.Fatalf("status with metrics-server stopped: stderr %q", stderr)
+	}
+	for _, r := range rows {
+		if u := r.Resources["cpu"].Usage; u != nil {
+			t.Fatalf("%s: usage %d with metrics-server stopped", r.Node, *u)
+		}
+	}
 
 	ms, err = c.StartMetricsServer()
 	if err != nil {

@@ -32,6 +32,27 @@ type statusRow struct {
 	} `json:"resources"`
 }
 
+// statusJSON runs `kube-overcommit status -o json` with args against the control plane: the
+// rows, and what it printed on stderr.
+func statusJSON(c *harness.Cluster, args ...string) ([]statusRow, string, error) {
+	bin, err := install.Binary()
+	if err != nil {
+		return nil, "", err
+	}
+	cmd := exec.Command(bin, append([]string{"status", "-o", "json", "--kubeconfig", c.Kubeconfig}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, stderr.String(), fmt.Errorf("kube-overcommit status: %v\n%s", err, stderr.String())
+	}
+	var rows []statusRow
+	if err := json.Unmarshal(out, &rows); err != nil {
+		return nil, stderr.String(), fmt.Errorf("status JSON: %v\n%s", err, out)
+	}
+	return rows, stderr.String(), nil
+}
+
 // checkStatus runs `kubectl overcommit status -o json` and `kube-overcommit status` against
 // the pool: each node's policy, raw and written cpu (millicores), and the requested sum of the
 // 1-CPU pods bound to it (boundPerNode); no usage, since this control plane has no
