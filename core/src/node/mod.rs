@@ -26,12 +26,17 @@
 //!   write carries its raw value and repairs the node.
 //! - Unreadable annotations are ignored (and reported); the two nets above then apply.
 //!
+//! Usage-aware policies (`spec.usage`): the per-resource rule is `usage::usage_allocatable`
+//! (clamp(requested + target x raw - peak usage, raw, raw x maxRatio), minChange, fallbacks);
+//! it takes the node's requested sum and peak usage as plain data (`usage::UsageView`).
+//!
 //! Known ambiguity: if a node's raw value changes to exactly what the webhook wrote before
 //! (raw 4 inflated to 8, then the node is resized to 8), the two cannot be told apart and 4 is
 //! kept until the next write that differs. Resizes change capacity too; see docs/policy.md.
 
 mod annotations;
 pub mod heartbeat;
+pub mod usage;
 
 use overcommit_json::StrMap;
 use serde_json::Value;
