@@ -20,8 +20,9 @@
 //!    the stored value is kept when it is within [raw, ceiling]; otherwise (first write, or raw
 //!    moved) as in 3, with the reason `NotSynced`.
 //!
-//! The caller passes `stored` only when the raw value is unchanged (the incoming allocatable is
-//! what this webhook last wrote); a new raw value from the kubelet always gets a fresh value.
+//! `stored` is what this webhook last wrote (recomputed from the node's annotations), passed
+//! only when it was written from the same raw value; a new raw value from the kubelet always
+//! gets a fresh value.
 //! The rule never reads where the numbers come from: `UsageView` is plain data.
 
 use crate::policy::{Percent, UsageTarget};
@@ -44,6 +45,24 @@ pub struct UsageView {
     pub requested: u128,
     /// Highest usage of the node in the window.
     pub peak_usage: u128,
+}
+
+/// What the caller knows about one node, per resource usage can be measured for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeUsage {
+    pub cpu: Option<UsageView>,
+    pub memory: Option<UsageView>,
+}
+
+impl NodeUsage {
+    /// The view of `resource` (cpu, memory), if any.
+    pub fn get(&self, resource: &str) -> Option<UsageView> {
+        match resource {
+            "cpu" => self.cpu,
+            "memory" => self.memory,
+            _ => None,
+        }
+    }
 }
 
 /// Why the usage rule did not compute from usage.
@@ -185,6 +204,37 @@ pub fn usage_allocatable(
             source: UsageSource::Usage,
         },
     })
+}
+
+/// How a resource's value was reached, for `review --explain` (`by_ratio`: how the fallback
+/// applied, "x 2" or "restored").
+pub(super) fn explain(
+    resource: &str,
+    view: &UsageView,
+    source: &UsageSource,
+    by_ratio: String,
+) -> String {
+    let (scale, format) = if resource == "cpu" {
+        (3, Format::DecimalSi)
+    } else {
+        (0, Format::BinarySi)
+    };
+    let amount = |units| Quantity::from_units(units, scale, format);
+    let inputs = format!(
+        "requested {}, peak usage {}",
+        amount(view.requested),
+        amount(view.peak_usage)
+    );
+    match source {
+        UsageSource::Usage => format!("from usage ({inputs})"),
+        UsageSource::Kept { computed } => format!(
+            "from usage ({inputs}): {computed} is within minChange of the value written, kept"
+        ),
+        UsageSource::NotSyncedKept => "caches not synced: the value written is kept".to_string(),
+        UsageSource::Fallback(reason) => {
+            format!("usage fallback ({}): {by_ratio}", reason.as_str())
+        }
+    }
 }
 
 #[cfg(test)]
