@@ -875,13 +875,7 @@ spec:
 
 fn cpu_usage(requested: u128, peak_usage: u128) -> NodeUsage {
     NodeUsage {
-        cpu: Some(UsageView {
-            synced: true,
-            metrics_failing: false,
-            polls_since_sample: Some(0),
-            requested,
-            peak_usage,
-        }),
+        cpu: Some(UsageView::fresh(requested, peak_usage)),
         memory: None,
     }
 }
@@ -1014,5 +1008,25 @@ fn explain_says_which_usage_value_applied() {
     assert!(
         explained.contains("cpu: raw 3920m (reported by the kubelet) from usage (requested 3, peak usage 1) -> 4352m"),
         "{explained}"
+    );
+}
+
+#[test]
+fn resources_a_usage_policy_does_not_target_follow_node_ratios() {
+    let set = policies(
+        "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: usage}\nspec:\n  nodeRatios: {cpu: \"2\", memory: \"1.5\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n",
+    );
+    let incoming = node(batch(), None, raw_allocatable());
+    let decision = decide_usage_json(&incoming, None, &set, Some(&cpu_usage(3000, 1000)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stored = apply(&incoming, &decision.patch);
+    assert_same_quantities(
+        "usage cpu, memory by ratio",
+        &stored["status"]["allocatable"],
+        &with(
+            with(raw_allocatable(), "/cpu", json!("4352m")),
+            "/memory",
+            json!("22863306Ki"),
+        ),
     );
 }

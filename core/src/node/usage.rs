@@ -47,6 +47,19 @@ pub struct UsageView {
     pub peak_usage: u128,
 }
 
+impl UsageView {
+    /// Synced, with a sample from the latest poll, the metrics API answering.
+    pub const fn fresh(requested: u128, peak_usage: u128) -> UsageView {
+        UsageView {
+            synced: true,
+            metrics_failing: false,
+            polls_since_sample: Some(0),
+            requested,
+            peak_usage,
+        }
+    }
+}
+
 /// What the caller knows about one node, per resource usage can be measured for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NodeUsage {
@@ -287,13 +300,7 @@ mod tests {
     }
 
     const fn view(requested: u128, peak_usage: u128) -> UsageView {
-        UsageView {
-            synced: true,
-            metrics_failing: false,
-            polls_since_sample: Some(0),
-            requested,
-            peak_usage,
-        }
+        UsageView::fresh(requested, peak_usage)
     }
 
     #[test]

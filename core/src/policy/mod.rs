@@ -148,6 +148,8 @@ pub struct PolicySet {
     compiled: Arc<Vec<CompiledPolicy>>,
     /// Index into `compiled` of the policy whose podDefaults are in force.
     pod_defaults: Option<usize>,
+    /// Whether any policy has `spec.usage` (else nobody needs to look usage up).
+    usage: bool,
 }
 
 impl PolicySet {
@@ -195,9 +197,11 @@ impl PolicySet {
             return Err(duplicate(pair[0]));
         }
         let pod_defaults = compiled.iter().position(|p| p.pod_defaults.is_some());
+        let usage = compiled.iter().any(|p| p.usage.is_some());
         Ok(Self {
             compiled: Arc::new(compiled),
             pod_defaults,
+            usage,
         })
     }
 
@@ -207,6 +211,11 @@ impl PolicySet {
 
     pub fn is_empty(&self) -> bool {
         self.compiled.is_empty()
+    }
+
+    /// Whether any policy has `spec.usage`: only then is a node's usage worth looking up.
+    pub fn has_usage(&self) -> bool {
+        self.usage
     }
 
     /// Policy names, highest priority first.
