@@ -18,6 +18,7 @@ pub mod leader;
 pub mod metrics;
 pub mod probes;
 pub mod review;
+pub mod review_usage;
 pub mod server;
 pub mod shutdown;
 pub mod sources;
