@@ -36,6 +36,7 @@
 
 mod annotations;
 pub mod heartbeat;
+pub mod history;
 pub mod usage;
 
 use overcommit_json::StrMap;
