@@ -169,6 +169,7 @@ async fn start(
             own_namespace: shared.namespace.clone(),
             heartbeat_refresh: args.heartbeat_refresh,
             clock: Clock::System,
+            usage: None,
         },
         metrics: shared.metrics.clone(),
         max_body_bytes: usize::try_from(args.server.max_body_bytes).unwrap_or(usize::MAX),

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod pods;
 pub mod probes;
 pub mod review;
+pub mod review_usage;
 pub mod server;
 pub mod shutdown;
 pub mod sources;

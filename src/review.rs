@@ -9,8 +9,11 @@ use anyhow::{Context, bail};
 
 use std::time::Duration;
 
-use crate::admission::{self, Clock, Outcome, Settings};
+use std::sync::Arc;
+
+use crate::admission::{self, Clock, NodeUsageSource, Outcome, Settings};
 use crate::duration::duration_arg;
+use crate::review_usage::{FixedUsage, usage_input};
 use overcommit_core::policy::{self, PolicySet};
 
 /// Print the AdmissionReview response `serve` would give for a review.
@@ -41,6 +44,19 @@ pub struct ReviewArgs {
     /// whose heartbeat ages matter; default: now.
     #[arg(long, value_parser = parse_now)]
     pub now: Option<i64>,
+    /// For usage policies: the node's usage as JSON (synced, metricsFailing, pollsSinceSample,
+    /// cpu/memory: {requested, peakUsage}); see docs/policy.md. Without it or the flags below,
+    /// usage is unknown and usage policies fall back to nodeRatios.
+    #[arg(long, env = "KUBE_OVERCOMMIT_USAGE_FILE")]
+    pub usage_file: Option<PathBuf>,
+    /// For usage policies: the node's requested sum, RESOURCE=QUANTITY (cpu, memory);
+    /// repeatable, overrides the usage file.
+    #[arg(long, env = "KUBE_OVERCOMMIT_REQUESTED", value_delimiter = ',')]
+    pub requested: Vec<String>,
+    /// For usage policies: the node's peak usage in the window, RESOURCE=QUANTITY (cpu,
+    /// memory); repeatable, overrides the usage file.
+    #[arg(long, env = "KUBE_OVERCOMMIT_PEAK_USAGE", value_delimiter = ',')]
+    pub peak_usage: Vec<String>,
 }
 
 /// `--now`: an RFC 3339 time, in milliseconds since the Unix epoch.
@@ -59,10 +75,19 @@ pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
         .with_context(|| format!("policy file {}", args.policy_file.display()))?;
     let input = read_input(&args.input)?;
     let body = as_review(&input)?;
+    let usage_text = match &args.usage_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading usage file {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let usage = usage_input(usage_text.as_deref(), &args.requested, &args.peak_usage)?;
     let settings = Settings {
         own_namespace: args.own_namespace.clone(),
         heartbeat_refresh: args.heartbeat_refresh,
         clock: args.now.map_or(Clock::System, Clock::Fixed),
+        usage: usage.map(|u| Arc::new(FixedUsage(u)) as Arc<dyn NodeUsageSource>),
     };
     let handled = admission::handle(&body, &policies, &settings);
     let reason = handled.error.as_ref().map(|e| e.to_string());

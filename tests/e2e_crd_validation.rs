@@ -155,6 +155,62 @@ fn crd_validates_policies_on_the_real_api_server() {
             "podDefaults: {requestToLimitPercent: {cpu: 0}}",
             "requestToLimitPercent.cpu",
         ),
+        (
+            "usage: {maxRatios: {cpu: \"2\"}}",
+            "targetUtilization: Required value",
+        ),
+        (
+            "usage: {targetUtilization: {}, maxRatios: {}}",
+            "spec.usage.targetUtilization",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {memory: \"2\"}}",
+            "maxRatios must give a ceiling for every targeted resource",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"60%\", memory: \"50%\"}, maxRatios: {cpu: \"2\"}}",
+            "maxRatios must give a ceiling for every targeted resource",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\", memory: \"2\"}}",
+            "maxRatios may name targeted resources only",
+        ),
+        (
+            "usage: {targetUtilization: {pods: \"60%\"}, maxRatios: {pods: \"2\"}}",
+            "usage resources must be cpu or memory",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"0%\"}, maxRatios: {cpu: \"2\"}}",
+            "spec.usage.targetUtilization.cpu",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"101%\"}, maxRatios: {cpu: \"2\"}}",
+            "spec.usage.targetUtilization.cpu",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"11\"}}",
+            "spec.usage.maxRatios.cpu",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, window: 59s}",
+            "window must be from 1m to 24h",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, window: 25h}",
+            "window must be from 1m to 24h",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, window: 1d}",
+            "spec.usage.window",
+        ),
+        (
+            "usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, minChange: \"51%\"}",
+            "spec.usage.minChange",
+        ),
+        (
+            "nodeRatios: {cpu: \"3\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2.5\"}}",
+            "fallback may not be above",
+        ),
     ];
     for (spec, message) in invalid {
         let yaml = format!(
@@ -166,9 +222,14 @@ fn crd_validates_policies_on_the_real_api_server() {
         assert!(parse_policy_file(&yaml).is_err(), "code accepted {spec}");
     }
 
+    // A usage policy at the edges of every range is stored (CEL and patterns accept it).
+    let usage = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: usage}\nspec:\n  nodeSelector: {matchLabels: {pool: none}}\n  nodeRatios: {cpu: \"4\", memory: \"1.5\", pods: \"2\"}\n  usage: {targetUtilization: {cpu: \"100%\", memory: \"1%\"}, maxRatios: {cpu: \"4\", memory: \"1.5\"}, window: 1h30m, minChange: \"50%\"}\n";
+    let out = cp.kubectl(&["apply", "-f", "-"], Some(usage));
+    assert!(out.status.success(), "usage policy refused: {}", text(&out));
+
     // What the API server stores reads back as a valid policy set.
     let mut stored = String::new();
-    for name in ["batch-cpu", "dev", "pod-defaults"] {
+    for name in ["batch-cpu", "dev", "pod-defaults", "usage"] {
         let out = cp.kubectl(&["get", "overcommitpolicy", name, "-o", "yaml"], None);
         assert!(out.status.success(), "{}", text(&out));
         stored.push_str(&String::from_utf8_lossy(&out.stdout));
@@ -177,7 +238,7 @@ fn crd_validates_policies_on_the_real_api_server() {
     match parse_policy_file(&stored).and_then(PolicySet::new) {
         Ok(set) => assert_eq!(
             set.names().collect::<Vec<_>>(),
-            vec!["batch-cpu", "dev", "pod-defaults"]
+            vec!["batch-cpu", "dev", "pod-defaults", "usage"]
         ),
         Err(e) => panic!("stored policies do not read back: {e}\n{stored}"),
     }

@@ -75,10 +75,10 @@ fn readme_documents_every_policy_field() {
             readme.contains(&format!("`{path}")),
             "README.md does not document {path}"
         );
-        if name == "podDefaults" {
+        if name == "podDefaults" || name == "usage" {
             for (sub, _) in schema["properties"]
                 .as_mapping()
-                .expect("podDefaults has properties")
+                .expect("podDefaults and usage have properties")
             {
                 let sub = format!("{path}.{}", sub.as_str().expect("string"));
                 assert!(

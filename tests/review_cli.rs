@@ -214,3 +214,55 @@ fn review_explains_each_heartbeat() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("RFC 3339"));
 }
+
+#[test]
+fn review_replays_a_usage_decision_from_flags_or_a_usage_file() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+    let policy = dir.path().join("usage.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: usage}\nspec:\n  nodeRatios: {cpu: \"2\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let usage_file = dir.path().join("usage.json");
+    std::fs::write(
+        &usage_file,
+        r#"{"metricsFailing": true, "cpu": {"requested": "12", "peakUsage": "3"}}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let node = br#"{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1"},"status":{"capacity":{"cpu":"16"},"allocatable":{"cpu":"16"}}}"#;
+    let policy = policy.to_string_lossy();
+    let usage_file = usage_file.to_string_lossy();
+    let base = ["review", "--explain", "--policy-file", &policy];
+    let cases: &[(&[&str], &str)] = &[
+        // docs/policy.md's examples: 12 + 9.6 - 3 = 18.6; 10 + 9.6 - 4 = 15.6 < 16: raw.
+        (
+            &["--requested", "cpu=12", "--peak-usage", "cpu=3"],
+            "from usage (requested 12, peak usage 3) -> 18600m",
+        ),
+        (
+            &["--requested", "cpu=10", "--peak-usage", "cpu=4"],
+            "from usage (requested 10, peak usage 4) -> 16",
+        ),
+        (
+            &["--usage-file", &usage_file],
+            "usage fallback (metrics_failing): x 2 -> 32",
+        ),
+        (&[], "usage fallback (no_sample): x 2 -> 32"),
+    ];
+    for (flags, expected) in cases {
+        let mut args = base.to_vec();
+        args.extend_from_slice(flags);
+        args.push("-");
+        let out = run(&args, Some(node));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{flags:?}: {stderr}");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
+    let out = run(
+        &[&base[..], &["--requested", "pods=3", "-"]].concat(),
+        Some(node),
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RESOURCE=QUANTITY"));
+}

@@ -2,15 +2,19 @@
 //! crate's Cargo.toml has none of them, so the compiler holds the boundary). The webhook's
 //! transport, caches and leader call into these; nothing here calls out.
 //!
+//! - [`duration`]: the one duration grammar (flags and policies).
 //! - [`node`]: the node rule: raw detection, ratios, the annotations it keeps its memory in.
 //! - [`pod`]: the pod rule: default requests, request-to-limit.
+//! - [`pod_index`]: per-node sums of pod requests, for the usage rule.
 //! - [`policy`]: OvercommitPolicy (the CRD type), validation, choosing the policy for a node.
 //! - [`quantity`]: Kubernetes quantities and ratios, exact.
 //! - [`patch`]: JSON Patch operations.
 
+pub mod duration;
 pub mod node;
 pub mod patch;
 pub mod pod;
+pub mod pod_index;
 pub mod policy;
 pub mod quantity;
 pub mod requests;

@@ -333,7 +333,7 @@ fn write_decimal(f: &mut fmt::Formatter<'_>, mantissa: u128, exponent: i32) -> f
 }
 
 /// An overcommit multiplier: a decimal between 1 and 10 with at most 6 decimals, exact.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Ratio {
     /// The ratio is `num / 10^6`.
     num: u128,

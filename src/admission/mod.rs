@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use overcommit_core::Account;
 use overcommit_core::node::heartbeat::{Condition, Quiet};
+use overcommit_core::node::usage::NodeUsage;
 use overcommit_core::node::{self, NodeDecision, NodeView};
 use overcommit_core::patch::{self, PatchOp};
 use overcommit_core::pod::{self, PodDecision, PodSpecIn};
@@ -35,6 +36,13 @@ use overcommit_core::policy::NodeChoice;
 use overcommit_core::policy::PolicySet;
 use overcommit_json::StrMap;
 use overcommit_json::borrowed;
+
+/// Where a node's usage comes from, for policies with `spec.usage`: the usage caches in
+/// `serve`, a file or flags in `review`. Asked only when a policy has `spec.usage`.
+pub trait NodeUsageSource: Send + Sync + std::fmt::Debug {
+    /// What is known of this node's usage (None: nothing, the fallback applies).
+    fn node_usage(&self, node: &str) -> Option<NodeUsage>;
+}
 
 /// Settings that are not policies (namespace of the webhook itself, ...).
 #[derive(Debug, Clone, Default)]
@@ -46,6 +54,8 @@ pub struct Settings {
     pub heartbeat_refresh: std::time::Duration,
     /// The clock the heartbeats' age is measured with.
     pub clock: Clock,
+    /// Node usage for usage policies (None: none known, every usage policy falls back).
+    pub usage: Option<std::sync::Arc<dyn NodeUsageSource>>,
 }
 
 /// Where the time of a review comes from.
@@ -546,9 +556,24 @@ fn decide_request(
                 now_ms: settings.clock.now_ms(),
                 refresh: settings.heartbeat_refresh,
             });
-            node::decide_with(&node, stored.as_ref(), policies, account, quiet)
-                .map(Decision::Node)
-                .map_err(RuleError::from)
+            // Looked up only when a policy needs it: static policies pay one branch.
+            let usage = match &settings.usage {
+                Some(source) if policies.has_usage() => request
+                    .name
+                    .as_deref()
+                    .and_then(|name| source.node_usage(name)),
+                _ => None,
+            };
+            node::decide_with_usage(
+                &node,
+                stored.as_ref(),
+                policies,
+                account,
+                quiet,
+                usage.as_ref(),
+            )
+            .map(Decision::Node)
+            .map_err(RuleError::from)
         }
         (ReviewResource::Pod, "CREATE", "") => {
             let object = request.object.as_ref();

@@ -488,3 +488,56 @@ fn a_panic_answers_allowed_with_the_uid() {
     assert_eq!(handled.status, 200);
     assert_eq!(handled.outcome, Outcome::FailedOpen);
 }
+
+/// A usage source that counts how often it is asked.
+#[derive(Debug, Default)]
+struct CountingUsage {
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+impl NodeUsageSource for CountingUsage {
+    fn node_usage(&self, node: &str) -> Option<NodeUsage> {
+        if let Ok(mut asked) = self.asked.lock() {
+            asked.push(node.to_string());
+        }
+        Some(NodeUsage {
+            cpu: Some(overcommit_core::node::usage::UsageView::fresh(6_000, 2_000)),
+            memory: None,
+        })
+    }
+}
+
+#[test]
+fn usage_is_looked_up_only_for_usage_policies() {
+    let source = std::sync::Arc::new(CountingUsage::default());
+    let settings = Settings {
+        usage: Some(source.clone()),
+        ..settings()
+    };
+    let asked = || source.asked.lock().map(|a| a.clone()).unwrap_or_default();
+    // Static policies: the source is never asked, the answer is the one without a source.
+    let handled = handle(NODE_STATUS_UPDATE, &policies(), &settings);
+    assert_eq!(
+        handled.body,
+        handle(NODE_STATUS_UPDATE, &policies(), &self::settings()).body
+    );
+    assert!(asked().is_empty(), "{:?}", asked());
+    // A usage policy: asked for the node under review; raw 7910m, 60%: 6000m + 4746m - 2000m.
+    let usage_policies = match parse_policy_file(
+        "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: batch}\nspec:\n  nodeSelector: {matchLabels: {pool: batch}}\n  nodeRatios: {cpu: \"2\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n",
+    )
+    .and_then(PolicySet::new)
+    {
+        Ok(set) => set,
+        Err(e) => panic!("{e}"),
+    };
+    let request = json(NODE_STATUS_UPDATE);
+    let handled = handle(NODE_STATUS_UPDATE, &usage_policies, &settings);
+    let response = response(&handled, &request);
+    let next = next_review(&request, &response);
+    assert_eq!(
+        next["request"]["object"]["status"]["allocatable"]["cpu"],
+        "8746m"
+    );
+    assert_eq!(asked(), vec!["worker-pool-batch-7f3k2".to_string()]);
+}

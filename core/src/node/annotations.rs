@@ -3,7 +3,10 @@
 //! - `overcommit.dev/raw-allocatable`: a JSON map, resource -> the kubelet's allocatable, for
 //!   each resource this webhook inflated (`{"cpu":"4","memory":"16Gi"}`).
 //! - `overcommit.dev/applied`: JSON `{"policy": name, "ratios": {resource: ratio}}`, the
-//!   policy and ratios it applied, written in that member order.
+//!   policy and ratios it applied, written in that member order. Under a usage policy
+//!   (`spec.usage`), a third member `"usage": {resource: allocatable}` holds the value written
+//!   for each resource the usage rule set (not a fallback): a fixed ratio cannot recompute it.
+//!   Static policies never write it, so their annotations are as before.
 //!
 //! Read back with `overcommit_json::plain` where they are written as this webhook writes them,
 //! with serde_json otherwise (same values, same errors). Written by serde_json, and compared
@@ -58,13 +61,26 @@ pub(super) type RawRecord<'a> = (Cow<'a, str>, Quantity);
 pub(super) struct Recorded<'a> {
     raw: VecMap<'a, RawRecord<'a>>,
     ratios: VecMap<'a, Ratio>,
+    /// Values the usage rule wrote (empty under a static policy).
+    usage: VecMap<'a, Quantity>,
+}
+
+/// What was written for one resource: by a ratio (none: by 1), or a value the usage rule set.
+pub(super) enum Written<'r> {
+    Ratio(Option<&'r Ratio>),
+    Usage(&'r Quantity),
 }
 
 impl Recorded<'_> {
-    /// The raw value recorded for `resource`, and the ratio it was inflated by (none: by 1).
-    pub(super) fn get(&self, resource: &str) -> Option<(&RawRecord<'_>, Option<&Ratio>)> {
+    /// The raw value recorded for `resource`, and how its allocatable was written.
+    pub(super) fn get(&self, resource: &str) -> Option<(&RawRecord<'_>, Written<'_>)> {
         let raw = self.raw.get(resource)?;
-        Some((raw, self.ratios.get(resource)))
+        if !self.usage.is_empty()
+            && let Some(written) = self.usage.get(resource)
+        {
+            return Some((raw, Written::Usage(written)));
+        }
+        Some((raw, Written::Ratio(self.ratios.get(resource))))
     }
 }
 
@@ -76,6 +92,8 @@ struct AppliedIn<'a> {
     _policy: Cow<'a, str>,
     #[serde(borrow, deserialize_with = "borrowed::str_map")]
     ratios: StrMap<'a>,
+    #[serde(default, borrow, deserialize_with = "borrowed::str_map")]
+    usage: StrMap<'a>,
 }
 
 /// The `overcommit.dev/raw-allocatable` map, as read back (borrowed from the annotation).
@@ -106,14 +124,15 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
                 .0
         }
     };
-    let applied_ratios = match plain::string_then_map(applied_text, "policy", "ratios") {
-        Some((_policy, ratios)) => ratios,
-        None => {
-            serde_json::from_str::<AppliedIn<'_>>(applied_text)
-                .map_err(json(APPLIED_ANNOTATION))?
-                .ratios
-        }
-    };
+    let (applied_ratios, applied_usage) =
+        match plain::string_then_map(applied_text, "policy", "ratios") {
+            Some((_policy, ratios)) => (ratios, StrMap::default()),
+            None => {
+                let applied = serde_json::from_str::<AppliedIn<'_>>(applied_text)
+                    .map_err(json(APPLIED_ANNOTATION))?;
+                (applied.ratios, applied.usage)
+            }
+        };
     let value = |annotation, resource: &str, reason: String| AnnotationError::Value {
         annotation,
         resource: resource.to_string(),
@@ -132,7 +151,13 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
             Ratio::parse(&text).map_err(|e| value(APPLIED_ANNOTATION, &resource, e.to_string()))?;
         ratios.insert(resource, ratio);
     }
-    Ok(Recorded { raw, ratios })
+    let mut usage = VecMap::with_capacity(applied_usage.len());
+    for (resource, text) in applied_usage {
+        let written = Quantity::parse(&text)
+            .map_err(|e| value(APPLIED_ANNOTATION, &resource, e.to_string()))?;
+        usage.insert(resource, written);
+    }
+    Ok(Recorded { raw, ratios, usage })
 }
 
 /// What the annotations should say: under this policy, with these raw values recorded
@@ -141,6 +166,8 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
 pub(super) struct Desired<'d> {
     pub(super) policy: &'d CompiledPolicy,
     pub(super) raw_record: &'d [(&'d str, &'d str)],
+    /// resource -> allocatable the usage rule wrote, sorted and unique (empty: static).
+    pub(super) usage_written: &'d [(&'d str, Quantity)],
 }
 
 impl Desired<'_> {
@@ -165,6 +192,7 @@ impl Desired<'_> {
             let applied = AppliedOut {
                 policy: &self.policy.name,
                 ratios: RatiosOut(&self.policy.ratios),
+                usage: UsageOut(self.usage_written),
             };
             serde_json::to_writer(out, &applied)
         }
@@ -176,6 +204,27 @@ impl Desired<'_> {
 struct AppliedOut<'p> {
     policy: &'p str,
     ratios: RatiosOut<'p>,
+    #[serde(skip_serializing_if = "UsageOut::is_empty")]
+    usage: UsageOut<'p>,
+}
+
+/// Values the usage rule wrote, by resource (sorted and unique).
+struct UsageOut<'u>(&'u [(&'u str, Quantity)]);
+
+impl UsageOut<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for UsageOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(
+            self.0
+                .iter()
+                .map(|(resource, value)| (resource, value.to_string())),
+        )
+    }
 }
 
 /// A policy's ratios as written in the policy, by resource (a map in resource order).

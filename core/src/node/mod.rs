@@ -4,8 +4,8 @@
 //!
 //! 1. **Raw value.** The annotation `overcommit.dev/raw-allocatable` (a JSON map) holds the
 //!    kubelet's own value of each resource this webhook inflated, and `overcommit.dev/applied`
-//!    (JSON `{"policy", "ratios"}`) what it applied. From the two the webhook recomputes what it
-//!    last wrote. Per resource: if the incoming allocatable equals (by value) what it last wrote,
+//!    (JSON `{"policy", "ratios"}`, plus `"usage"`: the values the usage rule wrote) what it
+//!    applied. From the two the webhook recomputes what it last wrote. Per resource: if the incoming allocatable equals (by value) what it last wrote,
 //!    the raw value comes from the annotation (a status write by someone else, a retry, a
 //!    reinvocation); otherwise the incoming value is the kubelet's new raw value.
 //! 2. **Policy.** The highest-priority policy whose selector matches the node's labels gives
@@ -26,18 +26,25 @@
 //!   write carries its raw value and repairs the node.
 //! - Unreadable annotations are ignored (and reported); the two nets above then apply.
 //!
+//! Usage-aware policies (`spec.usage`): the per-resource rule is `usage::usage_allocatable`
+//! (clamp(requested + target x raw - peak usage, raw, raw x maxRatio), minChange, fallbacks);
+//! it takes the node's requested sum and peak usage as plain data (`usage::UsageView`).
+//!
 //! Known ambiguity: if a node's raw value changes to exactly what the webhook wrote before
 //! (raw 4 inflated to 8, then the node is resized to 8), the two cannot be told apart and 4 is
 //! kept until the next write that differs. Resizes change capacity too; see docs/policy.md.
 
 mod annotations;
 pub mod heartbeat;
+pub mod history;
+pub mod usage;
 
 use overcommit_json::StrMap;
 use serde_json::Value;
 
-use self::annotations::{Desired, KEYS, RawRecord, Recorded};
+use self::annotations::{Desired, KEYS, RawRecord, Recorded, Written};
 use self::heartbeat::{Condition, HeartbeatLine, Quiet};
+use self::usage::{NodeUsage, UsageSource, UsageView};
 use crate::Account;
 use crate::patch::{PatchOp, pointer};
 use crate::policy::{NodeChoice, PolicySet};
@@ -108,6 +115,9 @@ pub struct ResourceLine {
     pub raw_source: RawSource,
     /// The ratio applied, as written in the policy (None: restored to raw).
     pub ratio: Option<String>,
+    /// Under a usage policy, for a targeted resource: the usage it was decided on and where the
+    /// value came from (a fallback applies `ratio`, or raw).
+    pub usage: Option<(UsageView, UsageSource)>,
     pub result: String,
 }
 
@@ -132,10 +142,11 @@ fn recorded<'r>(
     recorded: &'r Recorded<'_>,
     resource: &str,
 ) -> Option<(&'r RawRecord<'r>, Result<Quantity, InflateError>)> {
-    let (raw, ratio) = recorded.get(resource)?;
-    let written = match ratio {
-        Some(ratio) if !ratio.is_one() => inflate(resource, &raw.1, ratio),
-        _ => Ok(raw.1),
+    let (raw, how) = recorded.get(resource)?;
+    let written = match how {
+        Written::Ratio(Some(ratio)) if !ratio.is_one() => inflate(resource, &raw.1, ratio),
+        Written::Ratio(_) => Ok(raw.1),
+        Written::Usage(value) => Ok(*value),
     };
     Some((raw, written))
 }
@@ -160,6 +171,20 @@ pub fn decide_with(
     policies: &PolicySet,
     account: Account,
     quiet: Option<Quiet>,
+) -> Result<NodeDecision, InflateError> {
+    decide_with_usage(node, stored, policies, account, quiet, None)
+}
+
+/// `decide_with`, with what is known of the node's usage for a policy with `spec.usage`
+/// (`None`: nothing, so every targeted resource falls back: `FallbackReason::NoSample`).
+/// Static policies never read it.
+pub fn decide_with_usage(
+    node: &NodeView<'_>,
+    stored: Option<&NodeView<'_>>,
+    policies: &PolicySet,
+    account: Account,
+    quiet: Option<Quiet>,
+    usage: Option<&NodeUsage>,
 ) -> Result<NodeDecision, InflateError> {
     let mut notes = Vec::new();
     let carries_annotations =
@@ -193,16 +218,23 @@ pub fn decide_with(
     let mut resources = Vec::new();
     // resource -> raw text, in the allocatable map's order (sorted, unique).
     let mut raw_record: Vec<(&str, &str)> = Vec::new();
+    // resource -> value the usage rule wrote (stays empty, unallocated, under static policies).
+    let mut usage_written: Vec<(&str, Quantity)> = Vec::new();
+    let usage_policy = policy.and_then(|p| p.usage.as_ref());
     for (name, incoming_text) in node.allocatable.into_iter().flatten() {
         let resource: &str = name;
         let ratio = policy
             .and_then(|p| p.ratios.get(resource))
             .filter(|(_, ratio)| !ratio.is_one());
+        let usage_target = match usage_policy {
+            None => None,
+            Some(u) => u.targets.get(resource).map(|target| (u, target)),
+        };
         let previous_raw = match previous.as_ref().and_then(|p| recorded(p, resource)) {
             Some((raw, written)) => Some((raw, written?)),
             None => None,
         };
-        if ratio.is_none() && previous_raw.is_none() {
+        if ratio.is_none() && previous_raw.is_none() && usage_target.is_none() {
             continue; // neither inflated before nor now: not ours
         }
         let incoming = parse(resource, incoming_text)?;
@@ -212,15 +244,50 @@ pub fn decide_with(
             }
             _ => (incoming_text.as_ref(), incoming, RawSource::Incoming),
         };
-        let desired = match ratio {
-            Some((_, ratio)) => {
+        let mut usage_line = None;
+        let desired = match (usage_target, ratio) {
+            (Some((policy_usage, target)), _) => {
+                if raw_source == RawSource::Incoming {
+                    check_capacity(resource, &incoming, incoming_text, node.capacity)?;
+                }
+                raw_record.push((resource, raw_text));
+                // What this webhook last wrote counts only if written from this raw value
+                // (the kubelet's PATCH carries raw, so the incoming value is no guide).
+                let current = previous_raw
+                    .as_ref()
+                    .filter(|((_, recorded_raw), _)| *recorded_raw == raw)
+                    .map(|(_, written)| written);
+                let view = usage.and_then(|u| u.get(resource)).unwrap_or(UsageView {
+                    synced: true,
+                    ..UsageView::default()
+                });
+                let decision = usage::usage_allocatable(
+                    resource,
+                    &raw,
+                    current,
+                    target,
+                    &policy_usage.min_change,
+                    ratio.map(|(_, r)| r),
+                    &view,
+                )
+                .map_err(|source| InflateError::Quantity {
+                    resource: resource.to_string(),
+                    source,
+                })?;
+                if !matches!(decision.source, UsageSource::Fallback(_)) {
+                    usage_written.push((resource, decision.allocatable));
+                }
+                usage_line = Some((view, decision.source));
+                decision.allocatable
+            }
+            (None, Some((_, ratio))) => {
                 if raw_source == RawSource::Incoming {
                     check_capacity(resource, &incoming, incoming_text, node.capacity)?;
                 }
                 raw_record.push((resource, raw_text));
                 inflate(resource, &raw, ratio)?
             }
-            None => raw,
+            (None, None) => raw,
         };
         let result = || {
             if desired == raw {
@@ -242,6 +309,7 @@ pub fn decide_with(
                 raw: raw_text.to_string(),
                 raw_source,
                 ratio: ratio.map(|(text, _)| text.clone()),
+                usage: usage_line,
                 result: result(),
             });
         }
@@ -250,6 +318,7 @@ pub fn decide_with(
     let desired_annotations = policy.map(|policy| Desired {
         policy,
         raw_record: raw_record.as_slice(),
+        usage_written: usage_written.as_slice(),
     });
     annotation_patch(node, desired_annotations, &mut patch)?;
 
@@ -407,9 +476,13 @@ impl NodeDecision {
                 RawSource::Incoming => "reported by the kubelet",
                 RawSource::Annotation => "from the raw-allocatable annotation",
             };
-            let how = match &line.ratio {
+            let by_ratio = || match &line.ratio {
                 Some(ratio) => format!("x {ratio}"),
                 None => "restored".to_string(),
+            };
+            let how = match &line.usage {
+                None => by_ratio(),
+                Some((view, source)) => usage::explain(&line.resource, view, source, by_ratio()),
             };
             out.push_str(&format!(
                 "  {}: raw {} ({source}) {how} -> {} (incoming {})\n",

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 
 use serde_json::{Value, json};
 
+use super::usage::{NodeUsage, UsageView};
 use super::*;
 use crate::policy::{PolicySet, parse_policy_file};
 
@@ -159,10 +160,7 @@ fn decide_json(
     stored: Option<&Value>,
     set: &PolicySet,
 ) -> Result<NodeDecision, InflateError> {
-    let owned = Owned::from_json(node);
-    let stored = stored.map(Owned::from_json);
-    let stored_view = stored.as_ref().map(Owned::view);
-    decide(&owned.view(), stored_view.as_ref(), set)
+    decide_usage_json(node, stored, set, None)
 }
 
 fn apply(node: &Value, ops: &[PatchOp]) -> Value {
@@ -862,4 +860,173 @@ fn stored_heartbeats_are_kept_only_on_nodes_a_policy_selects() {
             "{name}"
         );
     }
+}
+
+const USAGE_POLICIES: &str = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: usage}
+spec:
+  nodeSelector: {matchLabels: {pool: batch}}
+  priority: 10
+  nodeRatios: {cpu: "2"}
+  usage: {targetUtilization: {cpu: "60%"}, maxRatios: {cpu: "4"}, window: 15m, minChange: "5%"}
+"#;
+
+fn cpu_usage(requested: u128, peak_usage: u128) -> NodeUsage {
+    NodeUsage {
+        cpu: Some(UsageView::fresh(requested, peak_usage)),
+        memory: None,
+    }
+}
+
+fn decide_usage_json(
+    node: &Value,
+    stored: Option<&Value>,
+    set: &PolicySet,
+    usage: Option<&NodeUsage>,
+) -> Result<NodeDecision, InflateError> {
+    let owned = Owned::from_json(node);
+    let stored = stored.map(Owned::from_json);
+    let stored_view = stored.as_ref().map(Owned::view);
+    decide_with_usage(
+        &owned.view(),
+        stored_view.as_ref(),
+        set,
+        Account::Full,
+        None,
+        usage,
+    )
+}
+
+#[test]
+fn usage_values_are_recognised_and_never_compound() {
+    // raw cpu 3920m, target 60%: room floor(2352m); minChange 5% of raw = 196m; ceiling 15680m.
+    let usage = policies(USAGE_POLICIES);
+    let static_2 = policies(BATCH_CPU_ONLY);
+    let none = policies("");
+    let mut stored = node(batch(), None, raw_allocatable());
+    #[rustfmt::skip]
+    let steps: [(&str, &PolicySet, bool, Option<NodeUsage>, &str); 10] = [
+        ("first write", &usage, true, Some(cpu_usage(3000, 1000)), "4352m"),
+        ("someone else's write", &usage, false, Some(cpu_usage(3000, 1000)), "4352m"),
+        ("kubelet, small move kept", &usage, true, Some(cpu_usage(3000, 1100)), "4352m"),
+        ("retry, move over minChange", &usage, false, Some(cpu_usage(3000, 1300)), "4052m"),
+        ("kubelet, usage unknown: nodeRatios", &usage, true, None, "7840m"),
+        ("someone else's write, still unknown", &usage, false, None, "7840m"),
+        ("kubelet, usage back", &usage, true, Some(cpu_usage(3000, 1000)), "4352m"),
+        ("static policy", &static_2, true, None, "7840m"),
+        ("no policy", &none, false, None, "3920m"),
+        ("usage below raw: raw", &usage, true, Some(cpu_usage(0, 0)), "3920m"),
+    ];
+    for (name, set, kubelet_writes, node_usage, expected_cpu) in steps {
+        let incoming = if kubelet_writes {
+            with(stored.clone(), "/status/allocatable", raw_allocatable())
+        } else {
+            stored.clone()
+        };
+        let decision = decide_usage_json(&incoming, Some(&stored), set, node_usage.as_ref())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        stored = apply(&incoming, &decision.patch);
+        let at = |pointer: &str| {
+            stored
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(
+            Quantity::parse(&at("/status/allocatable/cpu")),
+            Quantity::parse(expected_cpu),
+            "{name}"
+        );
+        if decision.outcome != NodeOutcome::NoPolicy {
+            assert_eq!(
+                at("/metadata/annotations/overcommit.dev~1raw-allocatable"),
+                r#"{"cpu":"3920m"}"#,
+                "{name}"
+            );
+        }
+        // The output, fed back as the next review with the same usage, changes nothing.
+        let again = decide_usage_json(&stored, Some(&stored), set, node_usage.as_ref())
+            .unwrap_or_else(|e| panic!("{name}, again: {e}"));
+        assert!(again.patch.is_empty(), "{name}: {:?}", again.patch);
+    }
+}
+
+#[test]
+fn usage_annotation_records_the_value_written() {
+    let set = policies(USAGE_POLICIES);
+    let incoming = node(batch(), None, raw_allocatable());
+    let decision = decide_usage_json(&incoming, None, &set, Some(&cpu_usage(3000, 1000)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stored = apply(&incoming, &decision.patch);
+    assert_eq!(
+        stored.pointer("/metadata/annotations/overcommit.dev~1applied"),
+        Some(&json!(
+            r#"{"policy":"usage","ratios":{"cpu":"2"},"usage":{"cpu":"4352m"}}"#
+        ))
+    );
+    // A fallback is a ratio: no usage member, so the annotation is the static one.
+    let decision = decide_usage_json(&incoming, None, &set, None).unwrap_or_else(|e| panic!("{e}"));
+    let stored = apply(&incoming, &decision.patch);
+    assert_eq!(
+        stored.pointer("/metadata/annotations/overcommit.dev~1applied"),
+        Some(&json!(r#"{"policy":"usage","ratios":{"cpu":"2"}}"#))
+    );
+    let explained = decision.explain();
+    assert!(
+        explained.contains("usage fallback (no_sample): x 2"),
+        "{explained}"
+    );
+    // Opted out: raw back, annotations gone.
+    let labelled = with(
+        stored.clone(),
+        "/metadata/labels",
+        json!({"pool": "batch", "overcommit.dev/disabled": "true"}),
+    );
+    let decision = decide_usage_json(&labelled, Some(&stored), &set, Some(&cpu_usage(3000, 1000)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let restored = apply(&labelled, &decision.patch);
+    assert_eq!(
+        restored.pointer("/status/allocatable/cpu"),
+        Some(&json!("3920m"))
+    );
+    assert_eq!(
+        restored.pointer("/metadata/annotations/overcommit.dev~1applied"),
+        None
+    );
+}
+
+#[test]
+fn explain_says_which_usage_value_applied() {
+    let set = policies(USAGE_POLICIES);
+    let incoming = node(batch(), None, raw_allocatable());
+    let decision = decide_usage_json(&incoming, None, &set, Some(&cpu_usage(3000, 1000)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let explained = decision.explain();
+    assert!(
+        explained.contains("cpu: raw 3920m (reported by the kubelet) from usage (requested 3, peak usage 1) -> 4352m"),
+        "{explained}"
+    );
+}
+
+#[test]
+fn resources_a_usage_policy_does_not_target_follow_node_ratios() {
+    let set = policies(
+        "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: usage}\nspec:\n  nodeRatios: {cpu: \"2\", memory: \"1.5\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n",
+    );
+    let incoming = node(batch(), None, raw_allocatable());
+    let decision = decide_usage_json(&incoming, None, &set, Some(&cpu_usage(3000, 1000)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stored = apply(&incoming, &decision.patch);
+    assert_same_quantities(
+        "usage cpu, memory by ratio",
+        &stored["status"]["allocatable"],
+        &with(
+            with(raw_allocatable(), "/cpu", json!("4352m")),
+            "/memory",
+            json!("22863306Ki"),
+        ),
+    );
 }

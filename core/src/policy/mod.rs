@@ -8,7 +8,7 @@
 //!   `PolicySet::from_valid(policies)` keeps the valid ones and reports the rest (for the CRD
 //!   watch, where one bad object must not block every other policy).
 //!
-//! Choosing for a node: among the policies that have `nodeRatios`, the highest `priority` whose
+//! Choosing for a node: among the policies that have `nodeRatios` or `usage`, the highest `priority` whose
 //! `nodeSelector` matches the node's labels, ties broken by name (alphabetically first wins); a
 //! node labelled `overcommit.dev/disabled=true` gets no policy. A policy with only
 //! `podDefaults` never applies to nodes.
@@ -23,6 +23,7 @@
 
 mod schema;
 mod selector;
+mod usage;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -35,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::quantity::{Quantity, Ratio};
 pub use selector::{LabelLookup, NoLabels, Requirement, Selector};
+pub use usage::{CompiledUsage, Percent, UsageSpec, UsageTarget};
 
 /// Label that opts a node out of every policy.
 pub const DISABLED_LABEL: &str = "overcommit.dev/disabled";
@@ -59,6 +61,10 @@ pub const POD_DEFAULT_RESOURCES: [&str; 2] = ["cpu", "memory"];
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": schema::USAGE_FALLBACK_RULE,
+    "message": "a nodeRatios fallback may not be above the resource's usage.maxRatios"
+}]))]
 pub struct OvercommitPolicySpec {
     /// Nodes this policy applies to (matchLabels and matchExpressions with In, NotIn, Exists,
     /// DoesNotExist); empty or absent selects every node.
@@ -81,6 +87,11 @@ pub struct OvercommitPolicySpec {
     /// The highest-priority policy that has podDefaults supplies them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_defaults: Option<PodDefaults>,
+    /// Allocatable that follows measured usage (cpu, memory); nodeRatios is then the fallback
+    /// while usage is unknown or stale. See docs/policy.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::usage")]
+    pub usage: Option<UsageSpec>,
 }
 
 /// Default requests for pods, the way OpenShift's ClusterResourceOverride does it.
@@ -117,6 +128,8 @@ pub struct CompiledPolicy {
     /// Every ratio of the policy, including those equal to 1, with the text as written.
     pub ratios: BTreeMap<String, (String, Ratio)>,
     pub pod_defaults: Option<CompiledPodDefaults>,
+    /// `spec.usage`, validated (None: a static policy).
+    pub usage: Option<CompiledUsage>,
 }
 
 /// Pod defaults with their quantities parsed.
@@ -135,6 +148,8 @@ pub struct PolicySet {
     compiled: Arc<Vec<CompiledPolicy>>,
     /// Index into `compiled` of the policy whose podDefaults are in force.
     pod_defaults: Option<usize>,
+    /// Whether any policy has `spec.usage` (else nobody needs to look usage up).
+    usage: bool,
 }
 
 impl PolicySet {
@@ -182,9 +197,11 @@ impl PolicySet {
             return Err(duplicate(pair[0]));
         }
         let pod_defaults = compiled.iter().position(|p| p.pod_defaults.is_some());
+        let usage = compiled.iter().any(|p| p.usage.is_some());
         Ok(Self {
             compiled: Arc::new(compiled),
             pod_defaults,
+            usage,
         })
     }
 
@@ -194,6 +211,11 @@ impl PolicySet {
 
     pub fn is_empty(&self) -> bool {
         self.compiled.is_empty()
+    }
+
+    /// Whether any policy has `spec.usage`: only then is a node's usage worth looking up.
+    pub fn has_usage(&self) -> bool {
+        self.usage
     }
 
     /// Policy names, highest priority first.
@@ -209,7 +231,7 @@ impl PolicySet {
         match self
             .compiled
             .iter()
-            .find(|p| !p.ratios.is_empty() && p.selector.matches(labels))
+            .find(|p| (!p.ratios.is_empty() || p.usage.is_some()) && p.selector.matches(labels))
         {
             Some(policy) => NodeChoice::Policy(policy),
             None => NodeChoice::NoPolicy,
@@ -315,7 +337,20 @@ fn unknown_field(document: &serde_yaml::Value) -> Option<String> {
         check(
             spec,
             "spec",
-            &["nodeSelector", "priority", "nodeRatios", "podDefaults"],
+            &[
+                "nodeSelector",
+                "priority",
+                "nodeRatios",
+                "podDefaults",
+                "usage",
+            ],
+        )
+    })
+    .or_else(|| {
+        check(
+            spec.and_then(|s| s.get("usage")),
+            "spec.usage",
+            &["targetUtilization", "maxRatios", "window", "minChange"],
         )
     })
     .or_else(|| {

@@ -4,6 +4,7 @@
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 
+use super::usage::{MIN_CHANGE_PATTERN, TARGET_PATTERN, WINDOW_PATTERN};
 use super::validate::MAX_NODE_RATIOS;
 use crate::quantity::Ratio;
 
@@ -87,5 +88,62 @@ pub(super) fn request_to_limit_percent(_: &mut SchemaGenerator) -> Schema {
             "rule": "self.all(k, k in ['cpu', 'memory'])",
             "message": "requestToLimitPercent may name cpu and memory only"
         }]
+    })
+}
+
+/// Spec-level rule: a fallback ratio (nodeRatios) stays under the usage ceiling (maxRatios).
+/// Both are decimal strings the patterns have checked, compared as numbers.
+pub(super) const USAGE_FALLBACK_RULE: &str = "!has(self.usage) || !has(self.nodeRatios) || !has(self.usage.maxRatios) || self.usage.maxRatios.all(k, !(k in self.nodeRatios) || double(self.nodeRatios[k]) <= double(self.usage.maxRatios[k]))";
+
+pub(super) fn usage(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Allocatable that follows measured usage: per targeted resource, clamp(requested + target x raw - peak usage, raw, raw x maxRatio). nodeRatios is then the fallback while usage is unknown or stale.",
+        "type": "object",
+        "required": ["targetUtilization", "maxRatios"],
+        "properties": {
+            "targetUtilization": {
+                "description": "cpu and/or memory -> share of the kubelet's allocatable that usage should reach, a whole percent from 1% to 100%.",
+                "type": "object",
+                "minProperties": 1,
+                "maxProperties": 2,
+                "additionalProperties": {"type": "string", "maxLength": 4, "pattern": TARGET_PATTERN}
+            },
+            "maxRatios": {
+                "description": "Every targeted resource -> ceiling of allocatable as a multiple of the kubelet's value, a decimal string from 1 to 10 with at most 6 decimals.",
+                "type": "object",
+                "maxProperties": 2,
+                "additionalProperties": {"type": "string", "maxLength": 9, "pattern": Ratio::PATTERN}
+            },
+            "window": {
+                "description": "Usage is the peak of the samples in this window: <integer><unit> groups with units ms, s, m, h, from 1m to 24h (default 15m).",
+                "type": "string",
+                "maxLength": 32,
+                "pattern": WINDOW_PATTERN,
+                "x-kubernetes-validations": [{
+                    "rule": "duration(self) >= duration('1m') && duration(self) <= duration('24h')",
+                    "message": "window must be from 1m to 24h"
+                }]
+            },
+            "minChange": {
+                "description": "Moves of allocatable smaller than this share of the kubelet's value are not written, a whole percent from 0% to 50% (default 5%).",
+                "type": "string",
+                "maxLength": 3,
+                "pattern": MIN_CHANGE_PATTERN
+            }
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": "self.targetUtilization.all(k, k in ['cpu', 'memory']) && self.maxRatios.all(k, k in ['cpu', 'memory'])",
+                "message": "usage resources must be cpu or memory"
+            },
+            {
+                "rule": "self.targetUtilization.all(k, k in self.maxRatios)",
+                "message": "maxRatios must give a ceiling for every targeted resource"
+            },
+            {
+                "rule": "self.maxRatios.all(k, k in self.targetUtilization)",
+                "message": "maxRatios may name targeted resources only"
+            }
+        ]
     })
 }

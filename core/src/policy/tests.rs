@@ -43,6 +43,10 @@ fn accepts_valid_policies() {
         "  nodeSelector:\n    matchLabels: {pool: batch, example.com/tier: \"\"}\n    matchExpressions:\n    - {key: zone, operator: In, values: [a, b]}\n    - {key: gpu, operator: DoesNotExist}\n    - {key: x, operator: Exists}\n    - {key: y, operator: NotIn, values: [\"1\"]}",
         "  podDefaults: {requests: {cpu: 100m, memory: 128Mi}, requestToLimitPercent: {cpu: 25, memory: 100}}",
         "  podDefaults: {}",
+        "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}",
+        "  usage: {targetUtilization: {cpu: \"1%\", memory: \"100%\"}, maxRatios: {cpu: \"10\", memory: \"1\"}, window: 1h30m, minChange: \"0%\"}",
+        "  usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"1.5\"}, window: 24h, minChange: \"50%\"}",
+        "  nodeRatios: {cpu: \"4\", pods: \"3\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}, window: 1m}",
     ];
     for spec in specs {
         let yaml = policy_yaml("ok", spec);
@@ -153,6 +157,112 @@ fn refuses_invalid_policies_with_a_clear_message() {
             "  nodeSelector: {matchExpressions: [{key: a, operator: Exists, value: [x]}]}",
             "matchExpressions[0].value",
         ),
+        // spec.usage
+        (
+            "ok",
+            "  usage: {}",
+            "targetUtilization must name cpu and/or memory",
+        ),
+        (
+            "ok",
+            "  usage: {maxRatios: {cpu: \"2\"}}",
+            "targetUtilization must name",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}}",
+            "maxRatios must give a ceiling for cpu",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {memory: \"2\"}}",
+            "maxRatios must give a ceiling for cpu",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\", memory: \"2\"}}",
+            "memory has no targetUtilization",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {pods: \"60%\"}, maxRatios: {pods: \"2\"}}",
+            "must be cpu or memory",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\", example.com/gpu: \"2\"}}",
+            "must be cpu or memory",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"0%\"}, maxRatios: {cpu: \"2\"}}",
+            "whole percent from 1% to 100%",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"101%\"}, maxRatios: {cpu: \"2\"}}",
+            "whole percent from 1% to 100%",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60\"}, maxRatios: {cpu: \"2\"}}",
+            "targetUtilization[cpu]",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60.5%\"}, maxRatios: {cpu: \"2\"}}",
+            "whole percent",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"11\"}}",
+            "maxRatios[cpu]",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"0.5\"}}",
+            "between 1 and 10",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, window: 59s}",
+            "from 1m to 24h",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, window: 25h}",
+            "from 1m to 24h",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, window: 1d}",
+            "units ms, s, m, h",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, window: \"900\"}",
+            "spec.usage.window",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, minChange: \"51%\"}",
+            "whole percent from 0% to 50%",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, minChange: \"5\"}",
+            "spec.usage.minChange",
+        ),
+        (
+            "ok",
+            "  nodeRatios: {cpu: \"3\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2.5\"}}",
+            "spec.nodeRatios[cpu] 3 is above spec.usage.maxRatios[cpu] 2.5",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, minchange: \"5%\"}",
+            "unknown field spec.usage.minchange",
+        ),
     ];
     for &(name, spec, message) in cases {
         let yaml = policy_yaml(name, spec);
@@ -262,6 +372,30 @@ fn policies_without_node_ratios_never_apply_to_nodes() {
 }
 
 #[test]
+fn usage_policies_apply_to_nodes_without_node_ratios() {
+    let yaml = [
+        policy_yaml(
+            "usage-only",
+            "  priority: 5\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n  nodeSelector: {matchLabels: {pool: batch}}",
+        ),
+        policy_yaml("static", "  priority: 1\n  nodeRatios: {cpu: \"2\"}"),
+    ]
+    .join("---\n");
+    let set = set(&yaml);
+    assert_eq!(chosen(&set, &labels(&[("pool", "batch")])), "usage-only");
+    assert_eq!(chosen(&set, &labels(&[])), "static");
+    let defaults = set.compiled.iter().find_map(|p| p.usage.as_ref());
+    match defaults {
+        Some(usage) => {
+            assert_eq!(usage.window, std::time::Duration::from_secs(900));
+            assert_eq!(usage.min_change.value, 5);
+            assert_eq!(usage.targets.get("cpu").map(|t| t.target.value), Some(60));
+        }
+        None => panic!("usage compiled"),
+    }
+}
+
+#[test]
 fn no_policy_when_nothing_matches() {
     let set = set(&policy_yaml(
         "batch",
@@ -358,6 +492,9 @@ fn crd_is_cluster_scoped_with_the_validations_the_code_applies() {
         "maximum: 1000000",
         "maximum: 100",
         "self.all(k, k in ['cpu', 'memory'])",
+        "duration(self) >= duration('1m') && duration(self) <= duration('24h')",
+        "double(self.nodeRatios[k]) <= double(self.usage.maxRatios[k])",
+        "self.targetUtilization.all(k, k in self.maxRatios)",
     ] {
         assert!(yaml.contains(needle), "CRD lacks {needle:?}");
     }

@@ -102,12 +102,17 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
             })
         }
     };
+    let usage = match &spec.usage {
+        Some(usage) => Some(super::usage::compile(usage, &ratios).map_err(invalid)?),
+        None => None,
+    };
     Ok(CompiledPolicy {
         name,
         priority: spec.priority,
         selector,
         ratios,
         pod_defaults,
+        usage,
     })
 }
 

@@ -1,0 +1,226 @@
+//! Node usage samples kept for the usage rule's window. Pure: the poller of metrics.k8s.io
+//! (I/O, not built yet) records each poll here, and the review path reads a node's
+//! `NodeUsage` from it.
+//!
+//! - Every poll counts, failed or not: a node's sample age is in polls (the rule's
+//!   `STALE_AFTER_POLLS`), and a failed last poll is reported as `metrics_failing`.
+//! - Samples older than `keep` (the longest window of any policy) are dropped on each poll;
+//!   a node without samples left is forgotten.
+//! - Until one poll has succeeded, views are not synced (the rule keeps what is written).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use super::usage::{NodeUsage, UsageView};
+
+/// One node's usage at one time, in the rule's units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// When metrics-server measured it (`timestamp`), ms since the Unix epoch.
+    pub at_ms: i64,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+/// What one poll of the metrics API gave.
+#[derive(Debug, Clone, Copy)]
+pub enum Poll<'p> {
+    /// Node name and its sample, for every node listed.
+    Listed(&'p [(&'p str, Sample)]),
+    Failed,
+}
+
+#[derive(Debug, Default)]
+struct NodeSamples {
+    /// The poll count when this node last had a sample.
+    last_poll: u64,
+    /// Oldest first.
+    samples: VecDeque<Sample>,
+}
+
+/// Samples per node, for the longest window in force.
+#[derive(Debug)]
+pub struct UsageHistory {
+    keep_ms: i64,
+    polls: u64,
+    last_failed: bool,
+    synced: bool,
+    nodes: HashMap<String, NodeSamples>,
+}
+
+impl UsageHistory {
+    /// Keep samples for `keep` (the longest `spec.usage.window`).
+    pub fn new(keep: Duration) -> UsageHistory {
+        UsageHistory {
+            keep_ms: i64::try_from(keep.as_millis()).unwrap_or(i64::MAX),
+            polls: 0,
+            last_failed: false,
+            synced: false,
+            nodes: HashMap::new(),
+        }
+    }
+
+    /// Record one poll made at `now_ms`.
+    pub fn record(&mut self, now_ms: i64, poll: Poll<'_>) {
+        self.polls += 1;
+        match poll {
+            Poll::Failed => self.last_failed = true,
+            Poll::Listed(listed) => {
+                self.last_failed = false;
+                self.synced = true;
+                for (name, sample) in listed {
+                    let node = match self.nodes.get_mut(*name) {
+                        Some(node) => node,
+                        None => self.nodes.entry((*name).to_string()).or_default(),
+                    };
+                    // metrics-server may list the same scrape twice: keep one.
+                    if node
+                        .samples
+                        .back()
+                        .is_none_or(|last| last.at_ms < sample.at_ms)
+                    {
+                        node.samples.push_back(*sample);
+                    }
+                    node.last_poll = self.polls;
+                }
+            }
+        }
+        let oldest = now_ms.saturating_sub(self.keep_ms);
+        self.nodes.retain(|_, node| {
+            while node.samples.front().is_some_and(|s| s.at_ms < oldest) {
+                node.samples.pop_front();
+            }
+            !node.samples.is_empty()
+        });
+    }
+
+    /// What the usage rule needs of `node`: peak usage over `window` before `now_ms`, the
+    /// sample's age in polls, and the given requested sums (cpu millicores, memory bytes);
+    /// `pods_synced`: whether the pod index the requests come from has synced.
+    pub fn usage(
+        &self,
+        node: &str,
+        window: Duration,
+        now_ms: i64,
+        requested: (u128, u128),
+        pods_synced: bool,
+    ) -> NodeUsage {
+        let since = now_ms.saturating_sub(i64::try_from(window.as_millis()).unwrap_or(i64::MAX));
+        let samples = self.nodes.get(node);
+        let mut peak: Option<(u64, u64)> = None;
+        for sample in samples.into_iter().flat_map(|n| n.samples.iter()) {
+            if sample.at_ms >= since {
+                let (cpu, memory) = peak.unwrap_or((0, 0));
+                peak = Some((cpu.max(sample.cpu_millis), memory.max(sample.memory_bytes)));
+            }
+        }
+        let polls_since_sample = match (samples, peak) {
+            (Some(node), Some(_)) => {
+                Some(u32::try_from(self.polls - node.last_poll).unwrap_or(u32::MAX))
+            }
+            _ => None,
+        };
+        let (peak_cpu, peak_memory) = peak.unwrap_or((0, 0));
+        let view = |requested, peak_usage: u64| UsageView {
+            synced: self.synced && pods_synced,
+            metrics_failing: self.last_failed,
+            polls_since_sample,
+            requested,
+            peak_usage: u128::from(peak_usage),
+        };
+        NodeUsage {
+            cpu: Some(view(requested.0, peak_cpu)),
+            memory: Some(view(requested.1, peak_memory)),
+        }
+    }
+
+    /// Nodes with samples (for a gauge).
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60_000;
+
+    fn sample(at_ms: i64, cpu_millis: u64, memory_bytes: u64) -> Sample {
+        Sample {
+            at_ms,
+            cpu_millis,
+            memory_bytes,
+        }
+    }
+
+    fn cpu(history: &UsageHistory, node: &str, window_min: u64, now_ms: i64) -> Option<UsageView> {
+        history
+            .usage(
+                node,
+                Duration::from_secs(window_min * 60),
+                now_ms,
+                (5, 7),
+                true,
+            )
+            .cpu
+    }
+
+    #[test]
+    fn peak_over_the_window_and_age_in_polls() {
+        let mut history = UsageHistory::new(Duration::from_secs(30 * 60));
+        // Not synced before the first successful poll.
+        assert_eq!(cpu(&history, "a", 15, 0).map(|v| v.synced), Some(false));
+        history.record(0, Poll::Listed(&[("a", sample(0, 900, 10))]));
+        history.record(
+            MIN,
+            Poll::Listed(&[("a", sample(MIN, 300, 40)), ("b", sample(MIN, 1, 1))]),
+        );
+        history.record(2 * MIN, Poll::Listed(&[("a", sample(2 * MIN, 500, 20))]));
+        let a = history.usage("a", Duration::from_secs(15 * 60), 2 * MIN, (5, 7), true);
+        assert_eq!(a.cpu.map(|v| (v.peak_usage, v.requested)), Some((900, 5)));
+        assert_eq!(a.memory.map(|v| (v.peak_usage, v.requested)), Some((40, 7)));
+        assert_eq!(a.cpu.and_then(|v| v.polls_since_sample), Some(0));
+        assert!(a.cpu.is_some_and(|v| v.synced && !v.metrics_failing));
+        // A shorter window leaves the first sample out.
+        assert_eq!(
+            cpu(&history, "a", 1, 2 * MIN).map(|v| v.peak_usage),
+            Some(500)
+        );
+        // b was last seen a poll ago; c never.
+        assert_eq!(
+            cpu(&history, "b", 15, 2 * MIN).and_then(|v| v.polls_since_sample),
+            Some(1)
+        );
+        assert_eq!(
+            cpu(&history, "c", 15, 2 * MIN).and_then(|v| v.polls_since_sample),
+            None
+        );
+        // Pods not synced: not synced.
+        let unsynced = history.usage("a", Duration::from_secs(900), 2 * MIN, (0, 0), false);
+        assert_eq!(unsynced.cpu.map(|v| v.synced), Some(false));
+    }
+
+    #[test]
+    fn failed_polls_count_and_old_samples_go() {
+        let mut history = UsageHistory::new(Duration::from_secs(10 * 60));
+        history.record(0, Poll::Listed(&[("a", sample(0, 900, 10))]));
+        for poll in 1..=4 {
+            history.record(poll * MIN, Poll::Failed);
+        }
+        let a = cpu(&history, "a", 15, 4 * MIN);
+        assert_eq!(a.and_then(|v| v.polls_since_sample), Some(4));
+        assert!(a.is_some_and(|v| v.metrics_failing && v.synced));
+        // A success clears the failure; a repeated scrape is kept once.
+        history.record(5 * MIN, Poll::Listed(&[("a", sample(0, 900, 10))]));
+        assert_eq!(history.nodes.get("a").map(|n| n.samples.len()), Some(1));
+        assert!(cpu(&history, "a", 15, 5 * MIN).is_some_and(|v| !v.metrics_failing));
+        // Past `keep`, the node is forgotten.
+        history.record(11 * MIN, Poll::Listed(&[]));
+        assert_eq!(history.nodes(), 0);
+        assert_eq!(
+            cpu(&history, "a", 15, 11 * MIN).and_then(|v| v.polls_since_sample),
+            None
+        );
+    }
+}
