@@ -7,8 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::selector::{Requirement, Selector};
 use super::{
-    CompiledPodDefaults, CompiledPolicy, OvercommitPolicy, POD_DEFAULT_RESOURCES, PRIORITY_RANGE,
-    PolicyError,
+    CAP_PERCENT_RANGE, CAP_RESOURCES, CompiledCap, CompiledPodDefaults, CompiledPolicy,
+    OvercommitPolicy, POD_DEFAULT_RESOURCES, PRIORITY_RANGE, PolicyError,
 };
 use crate::quantity::{Quantity, Ratio};
 
@@ -102,13 +102,91 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
             })
         }
     };
+    let cap = compile_cap(policy, &ratios).map_err(invalid)?;
     Ok(CompiledPolicy {
         name,
         priority: spec.priority,
         selector,
         ratios,
         pod_defaults,
+        cap,
     })
+}
+
+/// `spec.requestCap` and `spec.capMode`. A cap below the policy's ratio for the same resource
+/// is refused: the scheduler would be shown room that the cap then refuses.
+fn compile_cap(
+    policy: &OvercommitPolicy,
+    ratios: &BTreeMap<String, (String, Ratio)>,
+) -> Result<Option<CompiledCap>, String> {
+    let spec = &policy.spec;
+    if spec.request_cap.is_empty() {
+        if spec.cap_mode.is_some() {
+            return Err("spec.capMode needs spec.requestCap".into());
+        }
+        return Ok(None);
+    }
+    if spec.node_ratios.is_empty() {
+        return Err(
+            "spec.requestCap needs spec.nodeRatios (a policy without nodeRatios applies to no node)"
+                .into(),
+        );
+    }
+    let mut percent = BTreeMap::new();
+    for (resource, text) in &spec.request_cap {
+        if !CAP_RESOURCES.contains(&resource.as_str()) {
+            return Err(format!(
+                "spec.requestCap: resource {resource:?} must be cpu or memory"
+            ));
+        }
+        let value = parse_percent(text).ok_or_else(|| {
+            format!(
+                "spec.requestCap[{resource}] {text:?} must be a whole percent from {}% to {}%",
+                CAP_PERCENT_RANGE.start(),
+                CAP_PERCENT_RANGE.end()
+            )
+        })?;
+        if let Some((ratio_text, ratio)) = ratios.get(resource)
+            && u128::from(value) * 10_000 < ratio.millionths()
+        {
+            return Err(format!(
+                "spec.requestCap[{resource}] {text} is below spec.nodeRatios[{resource}] {ratio_text}: \
+                 the scheduler would be shown room the cap then refuses"
+            ));
+        }
+        // TODO(usage-cap): also refuse a cap below spec.usage.maxRatios[resource] of the same
+        // policy once usage-aware allocatable (issue 16) is on this branch: see
+        // `check_cap_above_usage_ceiling`.
+        check_cap_above_usage_ceiling(policy, resource, value)?;
+        percent.insert(resource.clone(), value);
+    }
+    Ok(Some(CompiledCap {
+        percent,
+        mode: spec.cap_mode.unwrap_or_default(),
+    }))
+}
+
+/// Hook for the usage ceiling (issue 16): a cap below the most the usage rule may write for
+/// this resource must be refused like one below the static ratio. No usage rule here yet.
+fn check_cap_above_usage_ceiling(
+    _policy: &OvercommitPolicy,
+    _resource: &str,
+    _percent: u32,
+) -> Result<(), String> {
+    Ok(())
+}
+
+/// "110%" -> 110, within `CAP_PERCENT_RANGE`; anything else (decimals, spaces, no sign) None.
+pub(super) fn parse_percent(text: &str) -> Option<u32> {
+    let digits = text.strip_suffix('%')?;
+    if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if digits.starts_with('0') {
+        return None;
+    }
+    let value: u32 = digits.parse().ok()?;
+    CAP_PERCENT_RANGE.contains(&value).then_some(value)
 }
 
 fn compile_selector(selector: &LabelSelector) -> Result<Selector, String> {
