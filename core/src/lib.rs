@@ -2,12 +2,14 @@
 //! crate's Cargo.toml has none of them, so the compiler holds the boundary). The webhook's
 //! transport, caches and leader call into these; nothing here calls out.
 //!
+//! - [`cap`]: the placement cap: requests on a node against a share of its raw allocatable.
 //! - [`node`]: the node rule: raw detection, ratios, the annotations it keeps its memory in.
 //! - [`pod`]: the pod rule: default requests, request-to-limit.
 //! - [`policy`]: OvercommitPolicy (the CRD type), validation, choosing the policy for a node.
 //! - [`quantity`]: Kubernetes quantities and ratios, exact.
 //! - [`patch`]: JSON Patch operations.
 
+pub mod cap;
 pub mod node;
 pub mod patch;
 pub mod pod;
