@@ -18,6 +18,7 @@
 
 pub mod ledger;
 pub mod pod;
+pub mod state;
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -367,3 +367,107 @@ fn pod_facts_count_as_the_scheduler_counts() {
         assert_eq!(got, expected, "{name}");
     }
 }
+
+fn k8s_pod(name: &str, node: Option<&str>, cpu: &str, phase: &str) -> Pod {
+    let mut spec = json!({"containers": [{"name": "a", "resources": {"requests": {"cpu": cpu}}}]});
+    if let Some(node) = node {
+        spec["nodeName"] = json!(node);
+    }
+    let object = json!({"metadata": {"name": name, "namespace": "ns"}, "spec": spec,
+        "status": {"phase": phase}});
+    serde_json::from_value(object).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn the_index_keeps_requested_sums_as_pods_come_and_go() {
+    use super::state::PlacementState;
+    let now = Instant::now();
+    let mut state = PlacementState::default();
+    let cpu = |v| units(&[("cpu", v)]);
+    let requested = |s: &PlacementState, pod: &str| s.requested("n1", "ns", pod, now);
+    for pod in [
+        k8s_pod("a", Some("n1"), "1", "Running"),
+        k8s_pod("b", Some("n1"), "500m", "Pending"),
+        k8s_pod("c", None, "2", "Pending"),
+        k8s_pod("d", Some("n2"), "3", "Running"),
+        k8s_pod("e", Some("n1"), "4", "Succeeded"),
+    ] {
+        assert!(state.apply_pod(&pod).is_ok());
+    }
+    assert_eq!(
+        requested(&state, "x"),
+        cpu(1500),
+        "terminal and unbound pods do not count"
+    );
+    assert_eq!(
+        requested(&state, "a"),
+        cpu(500),
+        "a pod's own requests are left out"
+    );
+    assert_eq!(state.pod("ns", "c").map(|p| p.requests), Some(cpu(2000)));
+    // c is allowed onto n1: counted from the ledger until the watch shows it bound.
+    state.allowed("ns", "c", "n1", &cpu(2000), now);
+    assert_eq!(requested(&state, "x"), cpu(3500));
+    assert!(
+        state
+            .apply_pod(&k8s_pod("c", Some("n1"), "2", "Running"))
+            .is_ok()
+    );
+    assert_eq!(
+        requested(&state, "x"),
+        cpu(3500),
+        "counted once, from the index now"
+    );
+    // a finishes, b is deleted, c is resized.
+    assert!(
+        state
+            .apply_pod(&k8s_pod("a", Some("n1"), "1", "Failed"))
+            .is_ok()
+    );
+    state.delete_pod("ns", "b");
+    assert!(
+        state
+            .apply_pod(&k8s_pod("c", Some("n1"), "250m", "Running"))
+            .is_ok()
+    );
+    assert_eq!(requested(&state, "x"), cpu(250));
+    assert_eq!(state.pods_len(), 2);
+    // An unreadable pod leaves the index.
+    assert!(
+        state
+            .apply_pod(&k8s_pod("c", Some("n1"), "1x", "Running"))
+            .is_err()
+    );
+    assert_eq!(requested(&state, "x"), cpu_none());
+    // A relist replaces the pods.
+    let errors = state.replace_pods(&[k8s_pod("z", Some("n1"), "7", "Running")]);
+    assert!(errors.is_empty());
+    assert_eq!(requested(&state, "x"), cpu(7000));
+}
+
+#[test]
+fn node_facts_read_raw_allocatable() {
+    use super::state::node_facts;
+    use k8s_openapi::api::core::v1::Node;
+    let node = |annotations: Value| -> Node {
+        let object = json!({"metadata": {"name": "n1", "labels": {"pool": "a"},
+            "annotations": annotations},
+            "status": {"allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"}}});
+        serde_json::from_value(object).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let inflated = node(json!({"overcommit.dev/raw-allocatable": "{\"cpu\":\"3900m\"}"}));
+    let facts = node_facts(&inflated).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        facts.raw,
+        units(&[("cpu", 3900), ("memory", 16 << 30), ("pods", 110)])
+    );
+    assert_eq!(facts.labels.get("pool").map(String::as_str), Some("a"));
+    let plain = node_facts(&node(json!({}))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plain.raw.get("cpu"), Some(&8000));
+    for bad in [
+        json!({"overcommit.dev/raw-allocatable": "not json"}),
+        json!({"overcommit.dev/raw-allocatable": "{\"cpu\":\"x\"}"}),
+    ] {
+        assert!(node_facts(&node(bad)).is_err());
+    }
+}
