@@ -41,7 +41,8 @@ fn pod(name: &str, node: Option<&str>, cpu: &str) -> String {
     )
 }
 
-fn bind(cp: &ControlPlane, name: &str, node: &str) -> (bool, String) {
+/// POST a Binding to pods/NAME/binding, or (`old`) to the namespace's bindings.
+fn bind_via(cp: &ControlPlane, name: &str, node: &str, old: bool) -> (bool, String) {
     let binding = format!(
         "{{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{{\"name\":\"{name}\"}},\
          \"target\":{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"{node}\"}}}}"
@@ -49,11 +50,19 @@ fn bind(cp: &ControlPlane, name: &str, node: &str) -> (bool, String) {
     let dir = tempfile::tempdir().expect("tmp");
     let file = dir.path().join("binding.json");
     std::fs::write(&file, binding).expect("binding file");
-    let path = format!("/api/v1/namespaces/{NS}/pods/{name}/binding");
+    let path = if old {
+        format!("/api/v1/namespaces/{NS}/bindings")
+    } else {
+        format!("/api/v1/namespaces/{NS}/pods/{name}/binding")
+    };
     cp.kubectl(
         &["create", "--raw", &path, "-f", &file.display().to_string()],
         None,
     )
+}
+
+fn bind(cp: &ControlPlane, name: &str, node: &str) -> (bool, String) {
+    bind_via(cp, name, node, false)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +107,7 @@ async fn request_cap_on_the_real_api_server() {
          metadata: {{name: kube-overcommit-cap-test}}\nwebhooks:\n- name: cap.overcommit.dev\n  \
          admissionReviewVersions: [v1]\n  sideEffects: None\n  failurePolicy: Ignore\n  timeoutSeconds: 5\n  \
          clientConfig: {{url: \"https://127.0.0.1:{}/validate\", caBundle: {ca}}}\n  \
-         rules:\n  - {{apiGroups: [\"\"], apiVersions: [v1], operations: [CREATE], resources: [pods, pods/binding]}}\n",
+         rules:\n  - {{apiGroups: [\"\"], apiVersions: [v1], operations: [CREATE], resources: [pods, pods/binding, bindings]}}\n",
         w.webhook.port()
     );
     let (ok, out) = cp.apply(&vwc);
@@ -149,6 +158,13 @@ async fn request_cap_on_the_real_api_server() {
     assert!(ok, "bound-1 fits: {out}");
     let (ok, out) = bind(&cp, "bound-2", "capped-1");
     assert!(!ok, "bound-2 must be refused");
+    assert!(
+        out.contains("node capped-1: cpu requests would reach 4.5 of a cap of 4.4 (110% of 4); pod bound-2 asks 0.5"),
+        "{out}"
+    );
+    // The same through the namespace's bindings endpoint.
+    let (ok, out) = bind_via(&cp, "bound-2", "capped-1", true);
+    assert!(!ok, "bound-2 must be refused through /bindings too");
     assert!(
         out.contains("node capped-1: cpu requests would reach 4.5 of a cap of 4.4 (110% of 4); pod bound-2 asks 0.5"),
         "{out}"

@@ -4,8 +4,9 @@
 //! INTERFACE CONTRACT (the webhook handler calls exactly this):
 //! `handle(body, &policies, &source) -> Validated`, never panicking.
 //!
-//! - `CREATE pods/binding`: the pod is read from the source by namespace/name (its index, no GET
-//!   per binding), the node from the binding's `target.name`.
+//! - `CREATE pods/binding` (and `CREATE bindings`, the older endpoint): the pod is read from the
+//!   source by namespace/name (its index, no GET per binding), the node from the binding's
+//!   `target.name`.
 //! - `CREATE pods` with `spec.nodeName`: the pod is the review's object; without `spec.nodeName`
 //!   it is allowed (the scheduler binds it later, through pods/binding).
 //! - The node's policy ([`PolicySet::for_node`] on the node's labels) gives the cap; the
@@ -225,12 +226,17 @@ fn target(
         .resource
         .as_ref()
         .map_or("", |r| r.resource.as_str());
-    if request.operation != "CREATE" || resource != "pods" {
+    if request.operation != "CREATE" {
         return Ok(None);
     }
     let object = request.object.unwrap_or_default();
-    match request.sub_resource.as_deref().unwrap_or_default() {
-        "binding" => {
+    // A binding is POSTed to pods/NAME/binding (the scheduler) or to the namespace's
+    // `bindings` (older clients); both bind the pod the Binding names.
+    match (
+        resource,
+        request.sub_resource.as_deref().unwrap_or_default(),
+    ) {
+        ("pods", "binding") | ("bindings", "") => {
             let binding: BindingIn =
                 serde_json::from_value(object).map_err(|e| PlacementError::Unreadable {
                     pod: request.name.clone().unwrap_or_default(),
@@ -257,7 +263,7 @@ fn target(
                 facts,
             }))
         }
-        "" => {
+        ("pods", "") => {
             let pod: Pod =
                 serde_json::from_value(object).map_err(|e| PlacementError::Unreadable {
                     pod: request.name.clone().unwrap_or_default(),

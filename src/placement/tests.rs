@@ -100,6 +100,18 @@ fn binding(pod: &str, node: &str) -> Vec<u8> {
     review.to_string().into_bytes()
 }
 
+/// The same Binding POSTed to /api/v1/namespaces/default/bindings: resource `bindings`, the
+/// pod named only in the object.
+fn old_binding(pod: &str, node: &str) -> Vec<u8> {
+    let mut review: Value = serde_json::from_slice(&binding(pod, node)).unwrap_or_default();
+    review["request"]["resource"]["resource"] = json!("bindings");
+    if let Some(request) = review["request"].as_object_mut() {
+        request.remove("subResource");
+        request.remove("name");
+    }
+    review.to_string().into_bytes()
+}
+
 fn pod_create(node: Option<&str>, cpu: &str, mirror: bool) -> Vec<u8> {
     let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -150,6 +162,14 @@ fn placements_are_answered_as_admission_reviews() {
             "a binding over the cap is denied with the message",
             "Enforce",
             binding("web-1", "worker-1"),
+            CapOutcome::Denied,
+            json!({"uid": "u-1", "allowed": false,
+                "status": {"code": 403, "reason": "Forbidden", "message": over}}),
+        ),
+        (
+            "a binding through the namespace's bindings endpoint is checked too",
+            "Enforce",
+            old_binding("web-1", "worker-1"),
             CapOutcome::Denied,
             json!({"uid": "u-1", "allowed": false,
                 "status": {"code": 403, "reason": "Forbidden", "message": over}}),
