@@ -67,6 +67,12 @@ pub struct ServeArgs {
     #[arg(long, env = "KUBE_OVERCOMMIT_SHUTDOWN_GRACE", default_value = "25s", value_parser = duration_arg)]
     pub shutdown_grace: Duration,
 
+    /// Serve POST /validate: the placement cap of OvercommitPolicy spec.requestCap, checked on
+    /// pods/binding and on pods created with spec.nodeName. Watches every node and every
+    /// non-terminal pod (in-cluster config or KUBECONFIG).
+    #[arg(long, env = "KUBE_OVERCOMMIT_REQUEST_CAP")]
+    pub request_cap: bool,
+
     /// Quiet heartbeats: on a node this webhook inflates, a status update whose conditions
     /// differ from the stored ones only in their lastHeartbeatTime gets the stored times back
     /// while those are younger than this, so that it stores nothing. Set it to the kubelets'
@@ -163,6 +169,7 @@ async fn start(
     let store = PolicyStore::new(shared.metrics.clone(), policies_synced);
     let source = start_policy_source(args, store.clone(), shared.shutdown.clone()).await?;
 
+    let (placement, placement_task) = start_placement(args, shared).await?;
     let webhook = Arc::new(Webhook {
         policies: store.cell(),
         settings: Settings {
@@ -174,6 +181,7 @@ async fn start(
         metrics: shared.metrics.clone(),
         max_body_bytes: usize::try_from(args.server.max_body_bytes).unwrap_or(usize::MAX),
         body_timeout: args.server.body_read_timeout,
+        placement,
     });
     let server = Server::bind(
         &args.server,
@@ -203,7 +211,10 @@ async fn start(
     Ok(Running {
         not_shutting_down,
         server,
-        background: vec![reloader, source, probes],
+        background: [reloader, source, probes]
+            .into_iter()
+            .chain(placement_task)
+            .collect(),
         leader,
     })
 }
@@ -244,6 +255,29 @@ fn load_certificate(
             not_after.get() > now
         });
     (resolver, reloader)
+}
+
+/// The node cache and pod index behind /validate, with `--request-cap`.
+async fn start_placement(
+    args: &ServeArgs,
+    shared: &Shared,
+) -> anyhow::Result<(
+    Option<Arc<dyn crate::placement::PlacementSource>>,
+    Option<JoinHandle<()>>,
+)> {
+    if !args.request_cap {
+        return Ok((None, None));
+    }
+    let client = kube::Client::try_default()
+        .await
+        .context("--request-cap watches nodes and pods: no Kubernetes client configuration")?;
+    let placement = sources::placement::WatchedPlacement::default();
+    let task = tokio::spawn(sources::placement::run(
+        client,
+        placement.clone(),
+        shared.shutdown.clone(),
+    ));
+    Ok((Some(Arc::new(placement)), Some(task)))
 }
 
 /// The policy file (read once now) or, without one, the OvercommitPolicy watch.

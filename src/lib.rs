@@ -16,6 +16,7 @@ pub mod cli;
 pub mod duration;
 pub mod leader;
 pub mod metrics;
+pub mod placement;
 pub mod pods;
 pub mod probes;
 pub mod review;

@@ -129,6 +129,36 @@ pub struct HeartbeatsKeptLabels {
     pub outcome: OutcomeLabel,
 }
 
+/// `outcome` label of the placement reviews counter (/validate): `denied` is capMode Enforce
+/// over the cap, `warned` capMode Warn over the cap.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlacementLabels {
+    pub outcome: PlacementOutcomeLabel,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum PlacementOutcomeLabel {
+    allowed,
+    denied,
+    warned,
+    failed_open,
+    bad_request,
+}
+
+impl From<crate::placement::CapOutcome> for PlacementOutcomeLabel {
+    fn from(o: crate::placement::CapOutcome) -> Self {
+        use crate::placement::CapOutcome;
+        match o {
+            CapOutcome::Allowed => Self::allowed,
+            CapOutcome::Denied => Self::denied,
+            CapOutcome::Warned => Self::warned,
+            CapOutcome::FailedOpen => Self::failed_open,
+            CapOutcome::BadRequest => Self::bad_request,
+        }
+    }
+}
+
 /// HTTP responses that never reached admission (`status` label), e.g. 404, 405, 413, 415.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
@@ -168,6 +198,8 @@ pub struct Metrics {
     /// outcome (patched: something else changed too; unchanged never happens: keeping a
     /// heartbeat is a patch).
     pub heartbeats_kept: Family<HeartbeatsKeptLabels, Counter>,
+    /// /validate reviews (the request cap) by outcome.
+    pub placement_reviews: Family<PlacementLabels, Counter>,
     /// Time from request headers to response, for every /mutate request.
     pub review_duration: LatencyHistogram,
     /// Requests refused before admission, by HTTP status.
@@ -225,6 +257,7 @@ impl Metrics {
             registry: Mutex::new(Registry::default()),
             reviews,
             heartbeats_kept: Family::default(),
+            placement_reviews: Family::default(),
             review_duration: LatencyHistogram::new(),
             http_rejects: Family::default(),
             policies_loaded: Gauge::default(),
@@ -244,6 +277,11 @@ impl Metrics {
             "heartbeats_kept",
             "Node status reviews whose conditions got their stored heartbeat times back (quiet heartbeats), by review outcome",
             m.heartbeats_kept.clone(),
+        );
+        root.register(
+            "placement_reviews",
+            "Placement reviews on /validate (the request cap) by outcome: denied (capMode Enforce) and warned (capMode Warn) are over the cap",
+            m.placement_reviews.clone(),
         );
         root.register(
             "review_duration_seconds",

@@ -1,6 +1,6 @@
 //! A Pod object's requests as the scheduler counts them: the API types read into
 //! `overcommit_core::requests`, which holds the rule. Used wherever a node's requested sum is
-//! needed (`kube-overcommit status`; the usage-aware allocatable and the placement cap).
+//! needed (`kube-overcommit status`, the placement cap's pod index; the usage-aware allocatable).
 
 use std::collections::BTreeMap;
 
@@ -36,7 +36,7 @@ pub fn requests(pod: &Pod) -> Result<BTreeMap<String, u128>, RequestsError> {
             meta.name.as_deref().unwrap_or_default()
         )
     };
-    counted(pod).map_err(|source| RequestsError {
+    scheduler_requests(pod).map_err(|source| RequestsError {
         pod: name(),
         source,
     })
@@ -54,9 +54,11 @@ struct Lists<'p> {
 }
 
 impl<'p> Lists<'p> {
+    /// `init`: an init container, which `restartPolicy: Always` makes a sidecar.
     fn read(
         c: &'p Container,
         statuses: Option<&'p Vec<ContainerStatus>>,
+        init: bool,
     ) -> Result<Self, QuantityError> {
         let status = statuses.and_then(|l| l.iter().find(|s| s.name == c.name));
         let allocated = status.and_then(|s| s.allocated_resources.as_ref());
@@ -70,7 +72,7 @@ impl<'p> Lists<'p> {
         Ok(Self {
             requests: list(c.resources.as_ref().and_then(|r| r.requests.as_ref()))?,
             resize,
-            restartable: c.restart_policy.as_deref() == Some("Always"),
+            restartable: init && c.restart_policy.as_deref() == Some("Always"),
         })
     }
 
@@ -86,7 +88,8 @@ impl<'p> Lists<'p> {
     }
 }
 
-fn counted(pod: &Pod) -> Result<BTreeMap<String, u128>, QuantityError> {
+/// `requests` without the pod's name in the error.
+pub fn scheduler_requests(pod: &Pod) -> Result<BTreeMap<String, u128>, QuantityError> {
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(BTreeMap::new());
     };
@@ -94,13 +97,19 @@ fn counted(pod: &Pod) -> Result<BTreeMap<String, u128>, QuantityError> {
     let containers = spec
         .containers
         .iter()
-        .map(|c| Lists::read(c, status.and_then(|s| s.container_statuses.as_ref())))
+        .map(|c| Lists::read(c, status.and_then(|s| s.container_statuses.as_ref()), false))
         .collect::<Result<Vec<_>, _>>()?;
     let init = spec
         .init_containers
         .iter()
         .flatten()
-        .map(|c| Lists::read(c, status.and_then(|s| s.init_container_statuses.as_ref())))
+        .map(|c| {
+            Lists::read(
+                c,
+                status.and_then(|s| s.init_container_statuses.as_ref()),
+                true,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let pod_level = list(spec.resources.as_ref().and_then(|r| r.requests.as_ref()))?;
     let overhead = list(spec.overhead.as_ref())?;

@@ -21,7 +21,8 @@ use hyper::body::Incoming;
 use overcommit_core::policy::PolicySet;
 
 use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
-use crate::metrics::{HeartbeatsKeptLabels, Metrics, RejectLabels};
+use crate::metrics::{HeartbeatsKeptLabels, Metrics, PlacementLabels, RejectLabels};
+use crate::placement::{self, CapOutcome, PlacementSource};
 use crate::server::Handler;
 use crate::server::budget::{BodyBudget, Exhausted, Reservation};
 
@@ -60,8 +61,10 @@ impl From<Handled> for Answer {
     }
 }
 
-/// The one path the webhook configuration points at.
+/// The path the mutating webhook configuration points at.
 pub const MUTATE_PATH: &str = "/mutate";
+/// The path of the placement cap (`--request-cap`), for the validating configuration.
+pub const VALIDATE_PATH: &str = "/validate";
 
 /// Bodies above this are reviewed with `block_in_place`, so that one huge review does not
 /// stall the other connections sharing this worker thread.
@@ -77,6 +80,9 @@ pub struct Webhook {
     pub max_body_bytes: usize,
     /// Upper bound on reading one body (the API server's `timeout` may shorten it).
     pub body_timeout: Duration,
+    /// The node cache and pod index behind `/validate`; None without `--request-cap` (then
+    /// `/validate` is not found).
+    pub placement: Option<Arc<dyn PlacementSource>>,
 }
 
 #[derive(Debug)]
@@ -103,9 +109,15 @@ impl Webhook {
     async fn route(&self, req: Request<Incoming>, budget: BodyBudget) -> Response<Full<Bytes>> {
         let start = Instant::now();
         if req.uri().path() != MUTATE_PATH {
+            // /validate only here, off the /mutate path: no work added per /mutate request.
+            if req.uri().path() == VALIDATE_PATH
+                && let Some(placement) = &self.placement
+            {
+                return self.validate(req, budget, placement.as_ref()).await;
+            }
             return self.reject(
                 StatusCode::NOT_FOUND,
-                "not found; the webhook path is /mutate\n",
+                "not found; the webhook paths are /mutate and, with --request-cap, /validate\n",
             );
         }
         if req.method() != Method::POST {
@@ -190,6 +202,73 @@ impl Webhook {
             HeaderValue::from_static("application/json"),
         );
         self.metrics.review_duration.observe(start.elapsed());
+        resp
+    }
+
+    /// `POST /validate`: the placement cap (`placement::handle`), with the same body limits as
+    /// /mutate.
+    async fn validate(
+        &self,
+        req: Request<Incoming>,
+        budget: BodyBudget,
+        source: &dyn PlacementSource,
+    ) -> Response<Full<Bytes>> {
+        let start = Instant::now();
+        if req.method() != Method::POST || !is_json(req.headers().get(header::CONTENT_TYPE)) {
+            return self.reject(
+                StatusCode::BAD_REQUEST,
+                "POST an application/json AdmissionReview\n",
+            );
+        }
+        let Ok(declared) = content_length(req.headers().get(header::CONTENT_LENGTH)) else {
+            return self.reject(StatusCode::BAD_REQUEST, "invalid Content-Length\n");
+        };
+        let version = req.version();
+        let read = read_body(
+            req.into_body(),
+            &budget,
+            declared,
+            self.max_body_bytes,
+            start,
+            self.body_timeout,
+        )
+        .await;
+        let (body, _reserved) = match read {
+            Ok(read) => read,
+            Err(BodyError::TooLarge) => return self.too_large(version),
+            Err(_) => {
+                return self.body_unread(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "request body not read; retry later\n",
+                    version,
+                );
+            }
+        };
+        let policies = self.policies.load();
+        let validated = placement::handle(&body, &policies, source);
+        match (validated.outcome, &validated.message) {
+            (CapOutcome::Denied | CapOutcome::Warned, Some(message)) => tracing::info!(
+                outcome = validated.outcome.as_str(),
+                %message,
+                "request cap"
+            ),
+            (CapOutcome::FailedOpen, Some(reason)) => {
+                tracing::warn!(%reason, "placement check failed open: allowed")
+            }
+            _ => {}
+        }
+        self.metrics
+            .placement_reviews
+            .get_or_create(&PlacementLabels {
+                outcome: validated.outcome.into(),
+            })
+            .inc();
+        let mut resp = Response::new(Full::new(Bytes::from(validated.body)));
+        *resp.status_mut() = StatusCode::from_u16(validated.status).unwrap_or(StatusCode::OK);
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         resp
     }
 

@@ -211,6 +211,42 @@ fn crd_validates_policies_on_the_real_api_server() {
             "nodeRatios: {cpu: \"3\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2.5\"}}",
             "fallback may not be above",
         ),
+        (
+            "{nodeRatios: {cpu: \"1.5\"}, requestCap: {cpu: \"110%\"}}",
+            "spec.requestCap is below spec.nodeRatios",
+        ),
+        (
+            "{nodeRatios: {cpu: \"1.100001\"}, requestCap: {cpu: \"110%\"}}",
+            "spec.requestCap is below spec.nodeRatios",
+        ),
+        (
+            "{nodeRatios: {cpu: \"2\"}, requestCap: {cpu: \"49%\"}}",
+            "requestCap.cpu",
+        ),
+        (
+            "{nodeRatios: {cpu: \"2\"}, requestCap: {cpu: \"1001%\"}}",
+            "requestCap.cpu",
+        ),
+        (
+            "{nodeRatios: {cpu: \"2\"}, requestCap: {pods: \"200%\"}}",
+            "requestCap may name cpu and memory only",
+        ),
+        (
+            "{requestCap: {cpu: \"200%\"}}",
+            "spec.requestCap needs spec.nodeRatios",
+        ),
+        (
+            "{nodeRatios: {cpu: \"2\"}, capMode: Warn}",
+            "spec.capMode needs spec.requestCap",
+        ),
+        (
+            "{nodeRatios: {cpu: \"2\"}, requestCap: {cpu: \"200%\"}, capMode: Soft}",
+            "Unsupported value",
+        ),
+        (
+            "{usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}}, requestCap: {cpu: \"150%\"}}",
+            "spec.requestCap is below spec.usage.maxRatios",
+        ),
     ];
     for (spec, message) in invalid {
         let yaml = format!(
@@ -226,6 +262,30 @@ fn crd_validates_policies_on_the_real_api_server() {
     let usage = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: usage}\nspec:\n  nodeSelector: {matchLabels: {pool: none}}\n  nodeRatios: {cpu: \"4\", memory: \"1.5\", pods: \"2\"}\n  usage: {targetUtilization: {cpu: \"100%\", memory: \"1%\"}, maxRatios: {cpu: \"4\", memory: \"1.5\"}, window: 1h30m, minChange: \"50%\"}\n";
     let out = cp.kubectl(&["apply", "-f", "-"], Some(usage));
     assert!(out.status.success(), "usage policy refused: {}", text(&out));
+    // A cap at or above the ratio (1.1 and 110% in floats: 110.00000000000001 > 110) is
+    // stored by the API server and accepted by the code, at both ends of the percent range.
+    for spec in [
+        "{nodeRatios: {cpu: \"1.1\"}, requestCap: {cpu: \"110%\", memory: \"50%\"}, capMode: Warn}",
+        "{nodeRatios: {cpu: \"10\"}, requestCap: {cpu: \"1000%\"}}",
+    ] {
+        let yaml = format!(
+            "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {{name: capped}}\nspec:\n  {spec}\n"
+        );
+        let out = cp.kubectl(&["apply", "-f", "-"], Some(&yaml));
+        assert!(
+            out.status.success(),
+            "API server refused {spec}: {}",
+            text(&out)
+        );
+        let out = cp.kubectl(&["get", "overcommitpolicy", "capped", "-o", "yaml"], None);
+        assert!(out.status.success(), "{}", text(&out));
+        let stored = String::from_utf8_lossy(&out.stdout);
+        if let Err(e) = parse_policy_file(&stored).and_then(PolicySet::new) {
+            panic!("stored capped policy does not read back: {e}\n{stored}");
+        }
+    }
+    let out = cp.kubectl(&["delete", "overcommitpolicy", "capped"], None);
+    assert!(out.status.success(), "{}", text(&out));
 
     // What the API server stores reads back as a valid policy set.
     let mut stored = String::new();

@@ -3,6 +3,7 @@
 //! transport, caches and leader call into these; nothing here calls out.
 //!
 //! - [`duration`]: the one duration grammar (flags and policies).
+//! - [`cap`]: the placement cap: requests on a node against a share of its raw allocatable.
 //! - [`node`]: the node rule: raw detection, ratios, the annotations it keeps its memory in.
 //! - [`pod`]: the pod rule: default requests, request-to-limit.
 //! - [`pod_index`]: per-node sums of pod requests, for the usage rule.
@@ -10,6 +11,7 @@
 //! - [`quantity`]: Kubernetes quantities and ratios, exact.
 //! - [`patch`]: JSON Patch operations.
 
+pub mod cap;
 pub mod duration;
 pub mod node;
 pub mod patch;

@@ -381,6 +381,11 @@ impl Ratio {
         self.num == RATIO_DEN
     }
 
+    /// The ratio in millionths (1.5 -> 1_500_000), for comparing with percents exactly.
+    pub fn millionths(&self) -> u128 {
+        self.num
+    }
+
     /// `floor(quantity × ratio)` in units of `10^-scale`.
     pub fn apply_floor(&self, quantity: &Quantity, scale: u32) -> Result<u128, QuantityError> {
         quantity.scaled_floor(scale, self.num, RATIO_DEN)

@@ -4,6 +4,7 @@
 
 pub mod crd;
 pub mod file;
+pub mod placement;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -558,3 +558,85 @@ pub(crate) async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
     };
     tokio::time::timeout(within, fut).await.is_ok()
 }
+
+/// A control plane in a temporary run dir, stopped when dropped.
+pub(crate) struct ControlPlane {
+    kcp: PathBuf,
+    run_dir: tempfile::TempDir,
+}
+
+impl ControlPlane {
+    pub(crate) fn up() -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/kcp.sh");
+        let st = Command::new(&script)
+            .arg("build")
+            .status()
+            .expect("kcp.sh build");
+        assert!(st.success(), "building kcp failed");
+        let out = Command::new(&script)
+            .arg("path")
+            .output()
+            .expect("kcp.sh path");
+        let kcp = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        let run_dir = tempfile::tempdir().expect("run dir");
+        let st = Command::new(&kcp)
+            .args([
+                "up",
+                "--nodes",
+                "0",
+                "--timeout",
+                "120s",
+                "--max-lifetime",
+                "10m",
+            ])
+            // Stops by itself if this test process dies without running `down`.
+            .arg(format!("--exit-with-pid={}", std::process::id()))
+            .arg("--run-dir")
+            .arg(run_dir.path())
+            .status()
+            .expect("kcp up");
+        assert!(st.success(), "kcp up failed");
+        Self { kcp, run_dir }
+    }
+
+    pub(crate) fn kubeconfig(&self) -> String {
+        self.run_dir.path().join("kubeconfig").display().to_string()
+    }
+
+    /// Run kubectl with `stdin`; returns (success, stdout+stderr).
+    pub(crate) fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+        use std::io::Write;
+        let mut child = Command::new(&self.kcp)
+            .arg("kubectl")
+            .args(args)
+            .env("KUBECONFIG", self.kubeconfig())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        if let (Some(mut input), Some(s)) = (child.stdin.take(), stdin) {
+            input.write_all(s.as_bytes()).expect("stdin");
+        }
+        let out = child.wait_with_output().expect("kubectl output");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    pub(crate) fn apply(&self, yaml: &str) -> (bool, String) {
+        self.kubectl(&["apply", "-f", "-"], Some(yaml))
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.kcp)
+            .args(["down", "--run-dir"])
+            .arg(self.run_dir.path())
+            .status();
+    }
+}

@@ -46,6 +46,9 @@ pub const POD_DEFAULTS_NAMESPACE_LABEL: &str = "overcommit.dev/pod-defaults";
 pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = 0..=1_000_000;
 /// Resources a pod default or request-to-limit percentage may name.
 pub const POD_DEFAULT_RESOURCES: [&str; 2] = ["cpu", "memory"];
+/// Resources a request cap may name, and its lowest and highest percent.
+pub const CAP_RESOURCES: [&str; 2] = ["cpu", "memory"];
+pub const CAP_PERCENT_RANGE: std::ops::RangeInclusive<u32> = 50..=1000;
 
 /// Spec of a cluster-scoped OvercommitPolicy.
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema, Default)]
@@ -61,10 +64,7 @@ pub const POD_DEFAULT_RESOURCES: [&str; 2] = ["cpu", "memory"];
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": schema::USAGE_FALLBACK_RULE,
-    "message": "a nodeRatios fallback may not be above the resource's usage.maxRatios"
-}]))]
+#[schemars(extend("x-kubernetes-validations" = schema::spec_rules()))]
 pub struct OvercommitPolicySpec {
     /// Nodes this policy applies to (matchLabels and matchExpressions with In, NotIn, Exists,
     /// DoesNotExist); empty or absent selects every node.
@@ -92,6 +92,34 @@ pub struct OvercommitPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::usage")]
     pub usage: Option<UsageSpec>,
+    /// cpu and/or memory -> the most the requests of the pods on a node may add up to, as a
+    /// percent of the kubelet's raw allocatable ("110%"; 50% to 1000%, at least the policy's
+    /// ratio for that resource). Checked when a pod is bound to a node. Needs nodeRatios.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "schema::request_cap")]
+    pub request_cap: BTreeMap<String, String>,
+    /// What a binding over requestCap gets: Enforce (denied, the default) or Warn (allowed,
+    /// with an admission warning).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::cap_mode")]
+    pub cap_mode: Option<CapMode>,
+}
+
+/// What a binding over the request cap gets.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CapMode {
+    /// Denied.
+    #[default]
+    Enforce,
+    /// Allowed, with an admission warning.
+    Warn,
+}
+
+/// A validated request cap: resource -> percent of raw allocatable, and the mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledCap {
+    pub percent: BTreeMap<String, u32>,
+    pub mode: CapMode,
 }
 
 /// Default requests for pods, the way OpenShift's ClusterResourceOverride does it.
@@ -130,6 +158,8 @@ pub struct CompiledPolicy {
     pub pod_defaults: Option<CompiledPodDefaults>,
     /// `spec.usage`, validated (None: a static policy).
     pub usage: Option<CompiledUsage>,
+    /// `spec.requestCap` and `spec.capMode`; None when the policy sets no cap.
+    pub cap: Option<CompiledCap>,
 }
 
 /// Pod defaults with their quantities parsed.
@@ -343,6 +373,8 @@ fn unknown_field(document: &serde_yaml::Value) -> Option<String> {
                 "nodeRatios",
                 "podDefaults",
                 "usage",
+                "requestCap",
+                "capMode",
             ],
         )
     })

@@ -147,3 +147,54 @@ pub(super) fn usage(_: &mut SchemaGenerator) -> Schema {
         ]
     })
 }
+/// Whole percents from 50% to 1000% (`validate::parse_percent`).
+pub(super) const CAP_PERCENT_PATTERN: &str = r"^([5-9][0-9]|[1-9][0-9]{2}|1000)%$";
+
+pub(super) fn request_cap(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "cpu and/or memory -> the most the requests of the pods on a node may add up to, as a percent of the kubelet's raw allocatable (\"110%\"; 50% to 1000%, at least the policy's ratio for that resource).",
+        "type": "object",
+        "maxProperties": 2,
+        "additionalProperties": {"type": "string", "maxLength": 5, "pattern": CAP_PERCENT_PATTERN},
+        "x-kubernetes-validations": [{
+            "rule": "self.all(k, k in ['cpu', 'memory'])",
+            "message": "requestCap may name cpu and memory only"
+        }]
+    })
+}
+
+pub(super) fn cap_mode(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "What a binding over requestCap gets: Enforce (denied, the default) or Warn (allowed, with an admission warning).",
+        "type": "string",
+        "enum": ["Enforce", "Warn"]
+    })
+}
+
+/// Rules across fields of the spec (`validate::compile_cap`). A ratio has at most 6 decimals,
+/// so ratio x 100 differs from a whole percent by 0 or at least 1e-4: the 1e-6 slack only
+/// absorbs the float error of `double()`.
+pub(super) fn spec_rules() -> serde_json::Value {
+    serde_json::json!([
+        {
+            "rule": USAGE_FALLBACK_RULE,
+            "message": "a nodeRatios fallback may not be above the resource's usage.maxRatios"
+        },
+        {
+            "rule": "!has(self.capMode) || has(self.requestCap)",
+            "message": "spec.capMode needs spec.requestCap"
+        },
+        {
+            "rule": "!has(self.requestCap) || (has(self.nodeRatios) && size(self.nodeRatios) > 0) || has(self.usage)",
+            "message": "spec.requestCap needs spec.nodeRatios or spec.usage (a policy with neither applies to no node)"
+        },
+        {
+            "rule": "!has(self.requestCap) || !has(self.nodeRatios) || self.requestCap.all(k, !(k in self.nodeRatios) || double(self.requestCap[k].replace('%', '')) + 0.000001 >= double(self.nodeRatios[k]) * 100.0)",
+            "message": "spec.requestCap is below spec.nodeRatios for the same resource: the scheduler would be shown room the cap then refuses"
+        },
+        {
+            "rule": "!has(self.requestCap) || !has(self.usage) || !has(self.usage.maxRatios) || self.requestCap.all(k, !(k in self.usage.maxRatios) || double(self.requestCap[k].replace('%', '')) + 0.000001 >= double(self.usage.maxRatios[k]) * 100.0)",
+            "message": "spec.requestCap is below spec.usage.maxRatios for the same resource: the scheduler could be shown room the cap then refuses"
+        }
+    ])
+}

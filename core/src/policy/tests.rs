@@ -265,14 +265,18 @@ fn refuses_invalid_policies_with_a_clear_message() {
         ),
     ];
     for &(name, spec, message) in cases {
-        let yaml = policy_yaml(name, spec);
-        match parse_policy_file(&yaml) {
-            Ok(_) => panic!("should refuse:\n{yaml}"),
-            Err(e) => assert!(
-                e.to_string().contains(message),
-                "{spec}: message {e:?} should mention {message:?}"
-            ),
-        }
+        assert_refused(name, spec, message);
+    }
+}
+
+fn assert_refused(name: &str, spec: &str, message: &str) {
+    let yaml = policy_yaml(name, spec);
+    match parse_policy_file(&yaml) {
+        Ok(_) => panic!("should refuse:\n{yaml}"),
+        Err(e) => assert!(
+            e.to_string().contains(message),
+            "{spec}: message {e:?} should mention {message:?}"
+        ),
     }
 }
 
@@ -508,5 +512,136 @@ fn example_policy_is_valid() {
     match parse_policy_file(&text).and_then(PolicySet::new) {
         Ok(set) => assert!(set.len() >= 2, "the example shows several policies"),
         Err(e) => panic!("{}: {e}", path.display()),
+    }
+}
+
+#[test]
+fn request_cap_is_read_with_its_mode() {
+    type Percents<'a> = &'a [(&'a str, u32)];
+    let cases: &[(&str, Percents<'_>, CapMode)] = &[
+        (
+            "  nodeRatios: {cpu: \"1.1\"}\n  requestCap: {cpu: \"110%\", memory: \"100%\"}",
+            &[("cpu", 110), ("memory", 100)],
+            CapMode::Enforce,
+        ),
+        (
+            "  nodeRatios: {cpu: \"1.5\"}\n  requestCap: {cpu: \"1000%\"}\n  capMode: Warn",
+            &[("cpu", 1000)],
+            CapMode::Warn,
+        ),
+        (
+            "  nodeRatios: {memory: \"2\"}\n  requestCap: {cpu: \"50%\"}\n  capMode: Enforce",
+            &[("cpu", 50)],
+            CapMode::Enforce,
+        ),
+        (
+            "  nodeRatios: {cpu: \"1.000001\"}\n  requestCap: {cpu: \"101%\"}",
+            &[("cpu", 101)],
+            CapMode::Enforce,
+        ),
+    ];
+    for &(spec, percent, mode) in cases {
+        let set = set(&policy_yaml("cap", spec));
+        let NodeChoice::Policy(policy) = set.for_node(&labels(&[])) else {
+            panic!("{spec}: no policy for the node");
+        };
+        let expected = CompiledCap {
+            percent: percent.iter().map(|&(r, p)| (r.to_string(), p)).collect(),
+            mode,
+        };
+        assert_eq!(policy.cap.as_ref(), Some(&expected), "{spec}");
+    }
+    let set = set(&policy_yaml("nocap", "  nodeRatios: {cpu: \"2\"}"));
+    let NodeChoice::Policy(policy) = set.for_node(&labels(&[])) else {
+        panic!("no policy for the node");
+    };
+    assert_eq!(policy.cap, None);
+}
+
+#[test]
+fn refuses_invalid_request_caps_with_a_clear_message() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "  nodeRatios: {cpu: \"1.5\"}\n  requestCap: {cpu: \"110%\"}",
+            "spec.requestCap[cpu] 110% is below spec.nodeRatios[cpu] 1.5",
+        ),
+        (
+            "  nodeRatios: {cpu: \"1.100001\"}\n  requestCap: {cpu: \"110%\"}",
+            "is below spec.nodeRatios[cpu] 1.100001",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  requestCap: {cpu: \"49%\"}",
+            "must be a whole percent from 50% to 1000%",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  requestCap: {cpu: \"1001%\"}",
+            "from 50% to 1000%",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  requestCap: {cpu: \"250\"}",
+            "spec.requestCap[cpu] \"250\" must be a whole percent",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  requestCap: {cpu: \"250.5%\"}",
+            "whole percent",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  requestCap: {cpu: \"0250%\"}",
+            "whole percent",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  requestCap: {cpu: \" 250%\"}",
+            "whole percent",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  requestCap: {ephemeral-storage: \"200%\"}",
+            "spec.requestCap: resource \"ephemeral-storage\" must be cpu or memory",
+        ),
+        (
+            "  requestCap: {cpu: \"200%\"}",
+            "spec.requestCap needs spec.nodeRatios",
+        ),
+        (
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}}\n  requestCap: {cpu: \"150%\"}",
+            "spec.requestCap[cpu] 150% is below spec.usage.maxRatios[cpu] 2",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  capMode: Warn",
+            "spec.capMode needs spec.requestCap",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  requestCap: {cpu: \"200%\"}\n  capMode: Soft",
+            "unknown variant `Soft`",
+        ),
+        (
+            "  nodeRatios: {cpu: \"2\"}\n  requestCaps: {cpu: \"200%\"}",
+            "unknown field spec.requestCaps",
+        ),
+    ];
+    for &(spec, message) in cases {
+        assert_refused("cap", spec, message);
+    }
+}
+
+#[test]
+fn a_cap_at_or_above_the_usage_ceiling_is_accepted_without_node_ratios() {
+    let yaml = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: u}\nspec:\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}}\n  requestCap: {cpu: \"200%\"}\n";
+    let set = parse_policy_file(yaml).and_then(PolicySet::new);
+    assert!(set.is_ok(), "{:?}", set.err());
+}
+
+#[test]
+fn crd_states_the_request_cap_rules() {
+    let yaml = crd_yaml().unwrap_or_default();
+    for needle in [
+        schema::CAP_PERCENT_PATTERN,
+        "- Enforce",
+        "- Warn",
+        "spec.capMode needs spec.requestCap",
+        "spec.requestCap needs spec.nodeRatios",
+        "spec.requestCap is below spec.nodeRatios",
+        "spec.requestCap is below spec.usage.maxRatios",
+    ] {
+        assert!(yaml.contains(needle), "CRD lacks {needle:?}");
     }
 }

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::selector::{Requirement, Selector};
+use super::usage::CompiledUsage;
 use super::{
-    CompiledPodDefaults, CompiledPolicy, OvercommitPolicy, POD_DEFAULT_RESOURCES, PRIORITY_RANGE,
-    PolicyError,
+    CAP_PERCENT_RANGE, CAP_RESOURCES, CompiledCap, CompiledPodDefaults, CompiledPolicy,
+    OvercommitPolicy, POD_DEFAULT_RESOURCES, PRIORITY_RANGE, PolicyError,
 };
 use crate::quantity::{Quantity, Ratio};
 
@@ -106,6 +107,7 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         Some(usage) => Some(super::usage::compile(usage, &ratios).map_err(invalid)?),
         None => None,
     };
+    let cap = compile_cap(policy, &ratios, usage.as_ref()).map_err(invalid)?;
     Ok(CompiledPolicy {
         name,
         priority: spec.priority,
@@ -113,7 +115,81 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         ratios,
         pod_defaults,
         usage,
+        cap,
     })
+}
+
+/// `spec.requestCap` and `spec.capMode`. A cap below the policy's ratio for the same resource
+/// is refused: the scheduler would be shown room that the cap then refuses.
+fn compile_cap(
+    policy: &OvercommitPolicy,
+    ratios: &BTreeMap<String, (String, Ratio)>,
+    usage: Option<&CompiledUsage>,
+) -> Result<Option<CompiledCap>, String> {
+    let spec = &policy.spec;
+    if spec.request_cap.is_empty() {
+        if spec.cap_mode.is_some() {
+            return Err("spec.capMode needs spec.requestCap".into());
+        }
+        return Ok(None);
+    }
+    if spec.node_ratios.is_empty() && usage.is_none() {
+        return Err(
+            "spec.requestCap needs spec.nodeRatios or spec.usage (a policy with neither \
+             applies to no node)"
+                .into(),
+        );
+    }
+    let mut percent = BTreeMap::new();
+    for (resource, text) in &spec.request_cap {
+        if !CAP_RESOURCES.contains(&resource.as_str()) {
+            return Err(format!(
+                "spec.requestCap: resource {resource:?} must be cpu or memory"
+            ));
+        }
+        let value = parse_percent(text).ok_or_else(|| {
+            format!(
+                "spec.requestCap[{resource}] {text:?} must be a whole percent from {}% to {}%",
+                CAP_PERCENT_RANGE.start(),
+                CAP_PERCENT_RANGE.end()
+            )
+        })?;
+        if let Some((ratio_text, ratio)) = ratios.get(resource)
+            && u128::from(value) * 10_000 < ratio.millionths()
+        {
+            return Err(format!(
+                "spec.requestCap[{resource}] {text} is below spec.nodeRatios[{resource}] {ratio_text}: \
+                 the scheduler would be shown room the cap then refuses"
+            ));
+        }
+        if let Some(target) = usage.and_then(|u| u.targets.get(resource))
+            && u128::from(value) * 10_000 < target.max_ratio.1.millionths()
+        {
+            return Err(format!(
+                "spec.requestCap[{resource}] {text} is below spec.usage.maxRatios[{resource}] {}: \
+                 the scheduler could be shown room the cap then refuses",
+                target.max_ratio.0
+            ));
+        }
+        percent.insert(resource.clone(), value);
+    }
+    Ok(Some(CompiledCap {
+        percent,
+        mode: spec.cap_mode.unwrap_or_default(),
+    }))
+}
+
+/// "110%" -> 110, within `CAP_PERCENT_RANGE`; anything else (decimals, spaces, no sign) None.
+pub(super) fn parse_percent(text: &str) -> Option<u32> {
+    let digits = text.strip_suffix('%')?;
+    if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if digits.starts_with('0') {
+        return None;
+    }
+    let value: u32 = digits.parse().ok()?;
+    CAP_PERCENT_RANGE.contains(&value).then_some(value)
 }
 
 fn compile_selector(selector: &LabelSelector) -> Result<Selector, String> {

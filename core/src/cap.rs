@@ -1,0 +1,164 @@
+//! The placement cap, in one place. Pure.
+//!
+//! A policy's `spec.requestCap` bounds what the requests of the pods on a node may add up to:
+//! per capped resource (cpu, memory), `cap = floor(raw allocatable x percent / 100)`, in the
+//! scheduler's units (millicores for cpu, bytes for memory). Inflated allocatable only steers
+//! the default scheduler; the cap is checked where the node is known, when a pod is bound to it
+//! (`pods/binding`) or created with `spec.nodeName`.
+//!
+//! For a pod placed on a node:
+//! 1. **Exempt:** a node with no policy, an opted-out node, a policy without `requestCap`, and
+//!    a mirror pod (annotation `kubernetes.io/config.mirror`: the kubelet reporting a static pod
+//!    that already runs) are allowed.
+//! 2. **Per capped resource** the pod requests (as the scheduler counts them,
+//!    [`crate::requests::pod_requests`]; a request of zero or none is not checked, so a pod
+//!    without requests always fits): `requested on the node + the pod's request <= cap`. A
+//!    resource the node does not report raw allocatable for is not checked (nothing to cap).
+//! 3. **Over:** one sentence per resource over its cap, joined by "; ", naming the node, the
+//!    resource, what requests would reach, the cap, its percent and the raw value, and what the
+//!    pod asks ("node worker-7: cpu requests would reach 70.6 of a cap of 70.4 (110% of 64);
+//!    pod web-5 asks 0.5"). `capMode: Enforce` denies with it, `Warn` allows with it as a
+//!    warning. Amounts read as a person reads them: cpu in cores with up to 3 decimals, memory
+//!    in Gi or Mi with up to 3 decimals (bytes below 1Mi); what requests would reach is rounded
+//!    up and the cap rounded down, so an amount shown over the cap is over it.
+//!
+//! Arithmetic saturates: a sum too large for u128 is over any cap.
+
+use std::collections::BTreeMap;
+
+use crate::policy::{CapMode, CompiledCap, NodeChoice};
+
+/// Annotation the kubelet puts on the mirror pod of a static pod.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// What the rule reads, as plain data. Amounts are in the scheduler's units: millicores for cpu,
+/// whole units (bytes) for everything else.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement<'a> {
+    /// The node the pod goes to.
+    pub node: &'a str,
+    /// The pod's name as a person knows it (in messages).
+    pub pod: &'a str,
+    /// The node's policy cap ([`node_cap`]): None for no policy, opted out, or no requestCap.
+    pub cap: Option<&'a CompiledCap>,
+    /// The kubelet's raw allocatable of the node, per resource.
+    pub raw: &'a BTreeMap<String, u128>,
+    /// The requests of the pods already on the node, summed per resource.
+    pub requested: &'a BTreeMap<String, u128>,
+    /// The pod's requests as the scheduler counts them.
+    pub pod_requests: &'a BTreeMap<String, u128>,
+    /// The pod carries the mirror annotation.
+    pub mirror: bool,
+}
+
+/// The answer for a placement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CapDecision {
+    Allow,
+    /// Over the cap with `capMode: Enforce`.
+    Deny(String),
+    /// Over the cap with `capMode: Warn`: allowed, with this warning.
+    Warn(String),
+}
+
+/// The cap in force for the node a policy choice was made for.
+pub fn node_cap<'p>(choice: &NodeChoice<'p>) -> Option<&'p CompiledCap> {
+    match choice {
+        NodeChoice::Policy(policy) => policy.cap.as_ref(),
+        NodeChoice::NoPolicy | NodeChoice::OptedOut => None,
+    }
+}
+
+/// Decide a placement (see the module documentation).
+pub fn check(placement: &Placement<'_>) -> CapDecision {
+    let Some(cap) = placement.cap else {
+        return CapDecision::Allow;
+    };
+    if placement.mirror {
+        return CapDecision::Allow;
+    }
+    let over: Vec<String> = cap
+        .percent
+        .iter()
+        .filter_map(|(resource, &percent)| over_cap(placement, resource, percent))
+        .collect();
+    if over.is_empty() {
+        return CapDecision::Allow;
+    }
+    let message = over.join("; ");
+    match cap.mode {
+        CapMode::Enforce => CapDecision::Deny(message),
+        CapMode::Warn => CapDecision::Warn(message),
+    }
+}
+
+/// The sentence for one resource when the pod would take it over its cap.
+fn over_cap(placement: &Placement<'_>, resource: &str, percent: u32) -> Option<String> {
+    let asks = placement
+        .pod_requests
+        .get(resource)
+        .copied()
+        .filter(|&a| a > 0)?;
+    let raw = *placement.raw.get(resource)?;
+    let limit = raw.saturating_mul(u128::from(percent)) / 100;
+    let now = placement.requested.get(resource).copied().unwrap_or(0);
+    let reach = now.saturating_add(asks);
+    if reach <= limit {
+        return None;
+    }
+    Some(format!(
+        "node {}: {resource} requests would reach {} of a cap of {} ({percent}% of {}); pod {} asks {}",
+        placement.node,
+        amount(resource, reach, Round::Up),
+        amount(resource, limit, Round::Down),
+        amount(resource, raw, Round::Down),
+        placement.pod,
+        amount(resource, asks, Round::Up),
+    ))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    Up,
+    Down,
+}
+
+/// An amount as a person reads it: cpu (millicores) in cores, memory (bytes) in Gi or Mi, both
+/// with up to 3 decimals; anything else as the number of units.
+fn amount(resource: &str, units: u128, round: Round) -> String {
+    const MI: u128 = 1 << 20;
+    const GI: u128 = 1 << 30;
+    match resource {
+        "cpu" => decimal(units, 1000, round, ""),
+        "memory" if units >= GI => decimal(units, GI, round, "Gi"),
+        "memory" if units >= MI => decimal(units, MI, round, "Mi"),
+        _ => units.to_string(),
+    }
+}
+
+/// `units / per` with up to 3 decimals, trailing zeros dropped, rounded as asked. `per` is
+/// 1000 or a power of two up to 2^30, so the remainder times 1000 cannot overflow.
+fn decimal(units: u128, per: u128, round: Round, suffix: &str) -> String {
+    let (mut whole, rem) = (units / per, units % per);
+    let scaled = rem * 1000;
+    let mut frac = match round {
+        Round::Up => scaled.div_ceil(per),
+        Round::Down => scaled / per,
+    };
+    if frac == 1000 {
+        whole += 1;
+        frac = 0;
+    }
+    if frac == 0 {
+        return format!("{whole}{suffix}");
+    }
+    let mut width = 3;
+    while frac % 10 == 0 {
+        frac /= 10;
+        width -= 1;
+    }
+    format!("{whole}.{frac:0width$}{suffix}")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,367 @@
+//! `POST /validate`: the placement cap at admission. AdmissionReview in, response out; the
+//! node and pod facts come from a [`PlacementSource`] the app supplies. No I/O here.
+//!
+//! INTERFACE CONTRACT (the webhook handler calls exactly this):
+//! `handle(body, &policies, &source) -> Validated`, never panicking.
+//!
+//! - `CREATE pods/binding` (and `CREATE bindings`, the older endpoint): the pod is read from the
+//!   source by namespace/name (its index, no GET per binding), the node from the binding's
+//!   `target.name`.
+//! - `CREATE pods` with `spec.nodeName`: the pod is the review's object; without `spec.nodeName`
+//!   it is allowed (the scheduler binds it later, through pods/binding).
+//! - The node's policy ([`PolicySet::for_node`] on the node's labels) gives the cap; the
+//!   decision is `overcommit_core::cap::check`: allowed, denied (403 with the message), or
+//!   allowed with the message in `response.warnings`. An allowed placement is reported back to
+//!   the source (`allowed`) so that it counts before the watch shows it.
+//! - Anything unknown (a pod or node not in the caches yet, an unreadable object, a quantity that
+//!   does not parse) is allowed: outcome `FailedOpen` with the reason, as the webhook's
+//!   `failurePolicy: Ignore` would do. A body that is not an AdmissionReview: 400.
+
+pub mod ledger;
+pub mod pod;
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Deserialize;
+use serde_json::json;
+
+use overcommit_core::cap::{self, CapDecision, Placement};
+use overcommit_core::policy::PolicySet;
+
+pub use self::pod::PodFacts;
+
+/// What the cap needs of a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub labels: BTreeMap<String, String>,
+    /// The kubelet's raw allocatable in the scheduler's units (millicores for cpu).
+    pub raw: BTreeMap<String, u128>,
+}
+
+/// Where the facts come from: the app's node cache, pod index and ledger.
+pub trait PlacementSource: Send + Sync {
+    fn node(&self, name: &str) -> Option<NodeFacts>;
+    /// A pod by namespace and name (pending pods too).
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts>;
+    /// The requests of the pods on `node` (bound, non-terminal), plus the bindings this replica
+    /// allowed that the watch has not shown yet, leaving out `namespace/name`'s own.
+    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128>;
+    /// A placement of `namespace/name` on `node` was allowed.
+    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>);
+}
+
+/// What happened (a metrics label and the log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CapOutcome {
+    Allowed,
+    /// Over the cap, `capMode: Enforce`.
+    Denied,
+    /// Over the cap, `capMode: Warn`.
+    Warned,
+    FailedOpen,
+    BadRequest,
+}
+
+impl CapOutcome {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CapOutcome::Allowed => "allowed",
+            CapOutcome::Denied => "denied",
+            CapOutcome::Warned => "warned",
+            CapOutcome::FailedOpen => "failed-open",
+            CapOutcome::BadRequest => "bad-request",
+        }
+    }
+}
+
+/// The answer for one body.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    pub status: u16,
+    pub body: Vec<u8>,
+    pub outcome: CapOutcome,
+    /// The message of a denial or warning, or why the review failed open or was refused.
+    pub message: Option<String>,
+}
+
+/// Why a placement could not be decided (it is then allowed).
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    #[error("not an admission.k8s.io/v1 AdmissionReview with a request and a uid: {0}")]
+    NotAReview(String),
+    #[error("binding {0}: no target node")]
+    NoTarget(String),
+    #[error("pod {0}: not in this replica's pod index yet")]
+    UnknownPod(String),
+    #[error("node {0}: not in this replica's node cache yet")]
+    UnknownNode(String),
+    #[error("pod {pod}: {reason}")]
+    Unreadable { pod: String, reason: String },
+    #[error("the placement check panicked")]
+    Panicked,
+}
+
+#[derive(Deserialize)]
+struct ReviewIn {
+    #[serde(rename = "apiVersion")]
+    api_version: Option<String>,
+    request: Option<RequestIn>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestIn {
+    uid: String,
+    #[serde(default)]
+    operation: String,
+    resource: Option<ResourceIn>,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    object: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct ResourceIn {
+    #[serde(default)]
+    resource: String,
+}
+
+#[derive(Deserialize)]
+struct BindingIn {
+    #[serde(default)]
+    metadata: MetaIn,
+    target: Option<TargetIn>,
+}
+
+#[derive(Deserialize, Default)]
+struct MetaIn {
+    name: Option<String>,
+    namespace: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct TargetIn {
+    #[serde(default)]
+    name: String,
+}
+
+/// Decide one review (see the module documentation). Never panics.
+pub fn handle(body: &[u8], policies: &PolicySet, source: &dyn PlacementSource) -> Validated {
+    let review: ReviewIn = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(PlacementError::NotAReview(e.to_string())),
+    };
+    let request = match review.request {
+        Some(r) if review.api_version.as_deref() == Some("admission.k8s.io/v1") => r,
+        _ => {
+            return bad_request(PlacementError::NotAReview(
+                "apiVersion admission.k8s.io/v1 and a request are required".into(),
+            ));
+        }
+    };
+    let uid = request.uid.clone();
+    match catch_unwind(AssertUnwindSafe(|| decide(request, policies, source))) {
+        Ok(Ok(decision)) => answer(&uid, decision),
+        Ok(Err(e)) => fail_open(&uid, e),
+        Err(_) => fail_open(&uid, PlacementError::Panicked),
+    }
+}
+
+/// Which pod goes to which node, if this review places one.
+struct Target {
+    namespace: String,
+    name: String,
+    node: String,
+    facts: PodFacts,
+}
+
+fn decide(
+    request: RequestIn,
+    policies: &PolicySet,
+    source: &dyn PlacementSource,
+) -> Result<CapDecision, PlacementError> {
+    let Some(target) = target(request, source)? else {
+        return Ok(CapDecision::Allow);
+    };
+    let node = source
+        .node(&target.node)
+        .ok_or_else(|| PlacementError::UnknownNode(target.node.clone()))?;
+    let Some(cap) = cap::node_cap(&policies.for_node(&node.labels)) else {
+        return Ok(CapDecision::Allow);
+    };
+    let requested = source.requested(&target.node, &target.namespace, &target.name);
+    let decision = cap::check(&Placement {
+        node: &target.node,
+        pod: &target.name,
+        cap: Some(cap),
+        raw: &node.raw,
+        requested: &requested,
+        pod_requests: &target.facts.requests,
+        mirror: target.facts.mirror,
+    });
+    if !matches!(decision, CapDecision::Deny(_)) {
+        source.allowed(
+            &target.namespace,
+            &target.name,
+            &target.node,
+            &target.facts.requests,
+        );
+    }
+    Ok(decision)
+}
+
+fn target(
+    request: RequestIn,
+    source: &dyn PlacementSource,
+) -> Result<Option<Target>, PlacementError> {
+    let resource = request
+        .resource
+        .as_ref()
+        .map_or("", |r| r.resource.as_str());
+    if request.operation != "CREATE" {
+        return Ok(None);
+    }
+    let object = request.object.unwrap_or_default();
+    // A binding is POSTed to pods/NAME/binding (the scheduler) or to the namespace's
+    // `bindings` (older clients); both bind the pod the Binding names.
+    match (
+        resource,
+        request.sub_resource.as_deref().unwrap_or_default(),
+    ) {
+        ("pods", "binding") | ("bindings", "") => {
+            let binding: BindingIn =
+                serde_json::from_value(object).map_err(|e| PlacementError::Unreadable {
+                    pod: request.name.clone().unwrap_or_default(),
+                    reason: e.to_string(),
+                })?;
+            let namespace = request
+                .namespace
+                .or(binding.metadata.namespace)
+                .unwrap_or_default();
+            let name = request.name.or(binding.metadata.name).unwrap_or_default();
+            let key = format!("{namespace}/{name}");
+            let node = binding
+                .target
+                .map(|t| t.name)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| PlacementError::NoTarget(key.clone()))?;
+            let facts = source
+                .pod(&namespace, &name)
+                .ok_or(PlacementError::UnknownPod(key))?;
+            Ok(Some(Target {
+                namespace,
+                name,
+                node,
+                facts,
+            }))
+        }
+        ("pods", "") => {
+            let pod: Pod =
+                serde_json::from_value(object).map_err(|e| PlacementError::Unreadable {
+                    pod: request.name.clone().unwrap_or_default(),
+                    reason: e.to_string(),
+                })?;
+            let Some(node) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty())
+            else {
+                return Ok(None);
+            };
+            let namespace = request
+                .namespace
+                .or_else(|| pod.metadata.namespace.clone())
+                .unwrap_or_default();
+            // generateName pods have no name until the API server gives one after admission.
+            let name = pod
+                .metadata
+                .name
+                .clone()
+                .or_else(|| pod.metadata.generate_name.clone())
+                .unwrap_or_default();
+            let facts = pod::facts(&pod).map_err(|e| PlacementError::Unreadable {
+                pod: format!("{namespace}/{name}"),
+                reason: e.to_string(),
+            })?;
+            Ok(Some(Target {
+                namespace,
+                name,
+                node,
+                facts,
+            }))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn answer(uid: &str, decision: CapDecision) -> Validated {
+    let (response, outcome, message) = match decision {
+        CapDecision::Allow => (
+            json!({"uid": uid, "allowed": true}),
+            CapOutcome::Allowed,
+            None,
+        ),
+        CapDecision::Deny(message) => (
+            json!({"uid": uid, "allowed": false, "status": {
+                "code": 403, "reason": "Forbidden", "message": message,
+            }}),
+            CapOutcome::Denied,
+            Some(message),
+        ),
+        CapDecision::Warn(message) => (
+            json!({"uid": uid, "allowed": true, "warnings": [message]}),
+            CapOutcome::Warned,
+            Some(message),
+        ),
+    };
+    Validated {
+        status: 200,
+        body: review(response),
+        outcome,
+        message,
+    }
+}
+
+fn review(response: serde_json::Value) -> Vec<u8> {
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    });
+    serde_json::to_vec(&review).unwrap_or_default()
+}
+
+fn fail_open(uid: &str, error: PlacementError) -> Validated {
+    Validated {
+        status: 200,
+        body: review(json!({"uid": uid, "allowed": true})),
+        outcome: CapOutcome::FailedOpen,
+        message: Some(error.to_string()),
+    }
+}
+
+fn bad_request(error: PlacementError) -> Validated {
+    let message = error.to_string();
+    let status = json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "message": message, "reason": "BadRequest", "code": 400,
+    });
+    Validated {
+        status: 400,
+        body: serde_json::to_vec(&status).unwrap_or_default(),
+        outcome: CapOutcome::BadRequest,
+        message: Some(message),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,493 @@
+//! Table tests for /validate: reviews in, answers out, against an in-memory source with the
+//! real ledger.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::ledger::{LEDGER_TTL, Ledger};
+use super::*;
+use overcommit_core::policy::parse_policy_file;
+
+/// Nodes, pods on nodes (the watch's view) and the ledger, at a fixed time.
+struct Fake {
+    nodes: BTreeMap<String, NodeFacts>,
+    pods: BTreeMap<String, PodFacts>,
+    bound: BTreeMap<String, BTreeMap<String, u128>>,
+    ledger: Mutex<Ledger>,
+    now: Instant,
+}
+
+impl PlacementSource for Fake {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.nodes.get(name).cloned()
+    }
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
+        self.pods.get(&format!("{namespace}/{name}")).cloned()
+    }
+    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
+        let mut sum = self.bound.get(node).cloned().unwrap_or_default();
+        let key = format!("{namespace}/{name}");
+        let ledger = self.ledger.lock().map(|l| l.pending(node, &key, self.now));
+        for (resource, value) in ledger.unwrap_or_default() {
+            *sum.entry(resource).or_insert(0) += value;
+        }
+        sum
+    }
+    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
+        if let Ok(mut ledger) = self.ledger.lock() {
+            ledger.record(&format!("{namespace}/{name}"), node, requests, self.now);
+        }
+    }
+}
+
+fn units(items: &[(&str, u128)]) -> BTreeMap<String, u128> {
+    items.iter().map(|&(n, v)| (n.to_string(), v)).collect()
+}
+
+fn fake(mode: &str) -> (Fake, PolicySet) {
+    let yaml = format!(
+        "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {{name: capped}}\n\
+         spec:\n  nodeSelector: {{matchLabels: {{pool: capped}}}}\n  nodeRatios: {{cpu: \"1.1\"}}\n  \
+         requestCap: {{cpu: \"110%\"}}\n  capMode: {mode}\n"
+    );
+    let policies = match parse_policy_file(&yaml).and_then(PolicySet::new) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    };
+    let node = |pool: &str| NodeFacts {
+        labels: [("pool".to_string(), pool.to_string())].into(),
+        raw: units(&[("cpu", 4000)]),
+    };
+    let pod = |cpu: u128, mirror: bool| PodFacts {
+        requests: units(&[("cpu", cpu)]),
+        mirror,
+    };
+    let fake = Fake {
+        nodes: [
+            ("worker-1".to_string(), node("capped")),
+            ("free-1".to_string(), node("other")),
+        ]
+        .into(),
+        pods: [
+            ("default/web-1".to_string(), pod(1000, false)),
+            ("default/web-2".to_string(), pod(500, false)),
+            ("default/web-3".to_string(), pod(400, false)),
+            ("default/static".to_string(), pod(2000, true)),
+        ]
+        .into(),
+        bound: [("worker-1".to_string(), units(&[("cpu", 3500)]))].into(),
+        ledger: Mutex::new(Ledger::new(LEDGER_TTL)),
+        now: Instant::now(),
+    };
+    (fake, policies)
+}
+
+fn binding(pod: &str, node: &str) -> Vec<u8> {
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1", "operation": "CREATE",
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding", "name": pod, "namespace": "default",
+            "object": {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": pod, "namespace": "default"},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+        }
+    });
+    review.to_string().into_bytes()
+}
+
+/// The same Binding POSTed to /api/v1/namespaces/default/bindings: resource `bindings`, the
+/// pod named only in the object.
+fn old_binding(pod: &str, node: &str) -> Vec<u8> {
+    let mut review: Value = serde_json::from_slice(&binding(pod, node)).unwrap_or_default();
+    review["request"]["resource"]["resource"] = json!("bindings");
+    if let Some(request) = review["request"].as_object_mut() {
+        request.remove("subResource");
+        request.remove("name");
+    }
+    review.to_string().into_bytes()
+}
+
+fn pod_create(node: Option<&str>, cpu: &str, mirror: bool) -> Vec<u8> {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "direct", "namespace": "default"},
+        "spec": {
+            "initContainers": [{"name": "proxy", "image": "x", "restartPolicy": "Always",
+                "resources": {"requests": {"cpu": "100m"}}}],
+            "containers": [{"name": "app", "image": "x", "resources": {"requests": {"cpu": cpu}}}],
+        }
+    });
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = json!(node);
+    }
+    if mirror {
+        pod["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "abc"});
+    }
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-2", "operation": "CREATE",
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "default", "object": pod,
+        }
+    });
+    review.to_string().into_bytes()
+}
+
+fn response(validated: &Validated) -> Value {
+    let review: Value = serde_json::from_slice(&validated.body).unwrap_or_default();
+    review["response"].clone()
+}
+
+#[test]
+fn placements_are_answered_as_admission_reviews() {
+    let over = "node worker-1: cpu requests would reach 4.5 of a cap of 4.4 (110% of 4); \
+                pod web-1 asks 1";
+    let direct_over = "node worker-1: cpu requests would reach 4.6 of a cap of 4.4 (110% of 4); \
+                       pod direct asks 1.1";
+    let cases: Vec<(&str, &str, Vec<u8>, CapOutcome, Value)> = vec![
+        (
+            "a binding within the cap is allowed",
+            "Enforce",
+            binding("web-2", "worker-1"),
+            CapOutcome::Allowed,
+            json!({"uid": "u-1", "allowed": true}),
+        ),
+        (
+            "a binding over the cap is denied with the message",
+            "Enforce",
+            binding("web-1", "worker-1"),
+            CapOutcome::Denied,
+            json!({"uid": "u-1", "allowed": false,
+                "status": {"code": 403, "reason": "Forbidden", "message": over}}),
+        ),
+        (
+            "a binding through the namespace's bindings endpoint is checked too",
+            "Enforce",
+            old_binding("web-1", "worker-1"),
+            CapOutcome::Denied,
+            json!({"uid": "u-1", "allowed": false,
+                "status": {"code": 403, "reason": "Forbidden", "message": over}}),
+        ),
+        (
+            "Warn mode allows with the message as a warning",
+            "Warn",
+            binding("web-1", "worker-1"),
+            CapOutcome::Warned,
+            json!({"uid": "u-1", "allowed": true, "warnings": [over]}),
+        ),
+        (
+            "a pod created with spec.nodeName is checked (sidecar counted)",
+            "Enforce",
+            pod_create(Some("worker-1"), "1", false),
+            CapOutcome::Denied,
+            json!({"uid": "u-2", "allowed": false,
+                "status": {"code": 403, "reason": "Forbidden", "message": direct_over}}),
+        ),
+        (
+            "a pod created with spec.nodeName within the cap is allowed",
+            "Enforce",
+            pod_create(Some("worker-1"), "100m", false),
+            CapOutcome::Allowed,
+            json!({"uid": "u-2", "allowed": true}),
+        ),
+        (
+            "a pod created without spec.nodeName is left to the binding",
+            "Enforce",
+            pod_create(None, "64", false),
+            CapOutcome::Allowed,
+            json!({"uid": "u-2", "allowed": true}),
+        ),
+        (
+            "a mirror pod is allowed",
+            "Enforce",
+            pod_create(Some("worker-1"), "64", true),
+            CapOutcome::Allowed,
+            json!({"uid": "u-2", "allowed": true}),
+        ),
+        (
+            "a mirror pod's binding is allowed",
+            "Enforce",
+            binding("static", "worker-1"),
+            CapOutcome::Allowed,
+            json!({"uid": "u-1", "allowed": true}),
+        ),
+        (
+            "a node without a policy is allowed",
+            "Enforce",
+            binding("web-1", "free-1"),
+            CapOutcome::Allowed,
+            json!({"uid": "u-1", "allowed": true}),
+        ),
+        (
+            "a pod not in the index fails open",
+            "Enforce",
+            binding("unknown", "worker-1"),
+            CapOutcome::FailedOpen,
+            json!({"uid": "u-1", "allowed": true}),
+        ),
+        (
+            "a node not in the cache fails open",
+            "Enforce",
+            binding("web-1", "worker-9"),
+            CapOutcome::FailedOpen,
+            json!({"uid": "u-1", "allowed": true}),
+        ),
+        (
+            "an unparsable quantity fails open",
+            "Enforce",
+            pod_create(Some("worker-1"), "lots", false),
+            CapOutcome::FailedOpen,
+            json!({"uid": "u-2", "allowed": true}),
+        ),
+    ];
+    for (name, mode, body, outcome, expected) in cases {
+        let (source, policies) = fake(mode);
+        let validated = handle(&body, &policies, &source);
+        assert_eq!(validated.status, 200, "{name}");
+        assert_eq!(
+            validated.outcome, outcome,
+            "{name}: {:?}",
+            validated.message
+        );
+        assert_eq!(response(&validated), expected, "{name}");
+    }
+}
+
+#[test]
+fn not_a_review_is_a_bad_request() {
+    let (source, policies) = fake("Enforce");
+    for body in [
+        &b"{"[..],
+        br#"{"apiVersion":"admission.k8s.io/v1beta1","request":{"uid":"x"}}"#,
+        br#"{"apiVersion":"admission.k8s.io/v1"}"#,
+        br#"{"apiVersion":"admission.k8s.io/v1","request":{}}"#,
+    ] {
+        let validated = handle(body, &policies, &source);
+        assert_eq!(validated.status, 400, "{}", String::from_utf8_lossy(body));
+        assert_eq!(validated.outcome, CapOutcome::BadRequest);
+    }
+}
+
+#[test]
+fn a_burst_of_bindings_is_counted_before_the_watch_shows_it() {
+    // 3.5 cores bound, cap 4.4: web-2 (0.5) fits; its retry does not count against itself;
+    // web-3 (0.4) reaches 4.4 exactly; web-1 (1) would reach 5.4.
+    let (source, policies) = fake("Enforce");
+    let steps = [
+        ("web-2", "worker-1", CapOutcome::Allowed),
+        ("web-2", "worker-1", CapOutcome::Allowed),
+        ("web-3", "worker-1", CapOutcome::Allowed),
+        ("web-1", "free-1", CapOutcome::Allowed),
+        ("web-1", "worker-1", CapOutcome::Denied),
+    ];
+    for (pod, node, outcome) in steps {
+        let validated = handle(&binding(pod, node), &policies, &source);
+        assert_eq!(
+            validated.outcome, outcome,
+            "{pod} -> {node}: {:?}",
+            validated.message
+        );
+    }
+    let denied = handle(&binding("web-1", "worker-1"), &policies, &source);
+    assert_eq!(
+        denied.message.as_deref(),
+        Some(
+            "node worker-1: cpu requests would reach 5.4 of a cap of 4.4 (110% of 4); pod \
+             web-1 asks 1"
+        )
+    );
+}
+
+#[test]
+fn the_ledger_counts_until_seen_or_expired() {
+    let t0 = Instant::now();
+    let mut ledger = Ledger::new(Duration::from_secs(30));
+    let cpu = |v| units(&[("cpu", v)]);
+    ledger.record("ns/a", "n1", &cpu(100), t0);
+    ledger.record("ns/b", "n1", &cpu(200), t0 + Duration::from_secs(10));
+    ledger.record("ns/c", "n2", &cpu(400), t0);
+    assert_eq!(
+        ledger.pending("n1", "", t0 + Duration::from_secs(10)),
+        cpu(300)
+    );
+    assert_eq!(ledger.pending("n2", "", t0), cpu(400));
+    // a: 30 s old, no longer counted; b still is.
+    assert_eq!(
+        ledger.pending("n1", "", t0 + Duration::from_secs(30)),
+        cpu(200)
+    );
+    assert_eq!(
+        ledger.pending("n1", "ns/b", t0 + Duration::from_secs(10)),
+        cpu(100),
+        "a pod's own binding is left out"
+    );
+    ledger.seen_bound("ns/b");
+    assert_eq!(ledger.pending("n1", "", t0), cpu(100));
+    // Recording again replaces (a pod is bound once), and expires the old entries.
+    ledger.record("ns/a", "n2", &cpu(1), t0 + Duration::from_secs(31));
+    assert_eq!(
+        ledger.pending("n1", "", t0 + Duration::from_secs(31)),
+        cpu_none()
+    );
+    assert_eq!(ledger.len(), 1, "c expired, a moved");
+    assert_eq!(
+        ledger.pending("n2", "", t0 + Duration::from_secs(31)),
+        cpu(1)
+    );
+}
+
+fn cpu_none() -> BTreeMap<String, u128> {
+    BTreeMap::new()
+}
+
+#[test]
+fn pod_facts_count_as_the_scheduler_counts() {
+    let pod = |spec: Value, annotations: Value| -> Pod {
+        let object = json!({"metadata": {"name": "p", "annotations": annotations}, "spec": spec});
+        serde_json::from_value(object).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let cases = [
+        (
+            "containers summed, overhead added",
+            json!({"containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}}},
+                {"name": "b", "resources": {"requests": {"cpu": "0.5"}}}],
+                "overhead": {"cpu": "10m"}}),
+            json!({}),
+            Ok(PodFacts {
+                requests: units(&[("cpu", 760), ("memory", 1 << 30)]),
+                mirror: false,
+            }),
+        ),
+        (
+            "pod-level requests replace the containers' cpu",
+            json!({"containers": [{"name": "a", "resources": {"requests": {"cpu": "3"}}}],
+                "resources": {"requests": {"cpu": "1"}}}),
+            json!({"kubernetes.io/config.mirror": "x"}),
+            Ok(PodFacts {
+                requests: units(&[("cpu", 1000)]),
+                mirror: true,
+            }),
+        ),
+        (
+            "a bad quantity is an error",
+            json!({"containers": [{"name": "a", "resources": {"requests": {"cpu": "1x"}}}]}),
+            json!({}),
+            Err(()),
+        ),
+    ];
+    for (name, spec, annotations, expected) in cases {
+        let got = pod::facts(&pod(spec, annotations)).map_err(|_| ());
+        assert_eq!(got, expected, "{name}");
+    }
+}
+
+fn k8s_pod(name: &str, node: Option<&str>, cpu: &str, phase: &str) -> Pod {
+    let mut spec = json!({"containers": [{"name": "a", "resources": {"requests": {"cpu": cpu}}}]});
+    if let Some(node) = node {
+        spec["nodeName"] = json!(node);
+    }
+    let object = json!({"metadata": {"name": name, "namespace": "ns"}, "spec": spec,
+        "status": {"phase": phase}});
+    serde_json::from_value(object).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn the_index_keeps_requested_sums_as_pods_come_and_go() {
+    use super::state::PlacementState;
+    let now = Instant::now();
+    let mut state = PlacementState::default();
+    let cpu = |v| units(&[("cpu", v)]);
+    let requested = |s: &PlacementState, pod: &str| s.requested("n1", "ns", pod, now);
+    for pod in [
+        k8s_pod("a", Some("n1"), "1", "Running"),
+        k8s_pod("b", Some("n1"), "500m", "Pending"),
+        k8s_pod("c", None, "2", "Pending"),
+        k8s_pod("d", Some("n2"), "3", "Running"),
+        k8s_pod("e", Some("n1"), "4", "Succeeded"),
+    ] {
+        assert!(state.apply_pod(&pod).is_ok());
+    }
+    assert_eq!(
+        requested(&state, "x"),
+        cpu(1500),
+        "terminal and unbound pods do not count"
+    );
+    assert_eq!(
+        requested(&state, "a"),
+        cpu(500),
+        "a pod's own requests are left out"
+    );
+    assert_eq!(state.pod("ns", "c").map(|p| p.requests), Some(cpu(2000)));
+    // c is allowed onto n1: counted from the ledger until the watch shows it bound.
+    state.allowed("ns", "c", "n1", &cpu(2000), now);
+    assert_eq!(requested(&state, "x"), cpu(3500));
+    assert!(
+        state
+            .apply_pod(&k8s_pod("c", Some("n1"), "2", "Running"))
+            .is_ok()
+    );
+    assert_eq!(
+        requested(&state, "x"),
+        cpu(3500),
+        "counted once, from the index now"
+    );
+    // a finishes, b is deleted, c is resized.
+    assert!(
+        state
+            .apply_pod(&k8s_pod("a", Some("n1"), "1", "Failed"))
+            .is_ok()
+    );
+    state.delete_pod("ns", "b");
+    assert!(
+        state
+            .apply_pod(&k8s_pod("c", Some("n1"), "250m", "Running"))
+            .is_ok()
+    );
+    assert_eq!(requested(&state, "x"), cpu(250));
+    assert_eq!(state.pods_len(), 2);
+    // An unreadable pod leaves the index.
+    assert!(
+        state
+            .apply_pod(&k8s_pod("c", Some("n1"), "1x", "Running"))
+            .is_err()
+    );
+    assert_eq!(requested(&state, "x"), cpu_none());
+    // A relist replaces the pods.
+    let errors = state.replace_pods(&[k8s_pod("z", Some("n1"), "7", "Running")]);
+    assert!(errors.is_empty());
+    assert_eq!(requested(&state, "x"), cpu(7000));
+}
+
+#[test]
+fn node_facts_read_raw_allocatable() {
+    use super::state::node_facts;
+    use k8s_openapi::api::core::v1::Node;
+    let node = |annotations: Value| -> Node {
+        let object = json!({"metadata": {"name": "n1", "labels": {"pool": "a"},
+            "annotations": annotations},
+            "status": {"allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"}}});
+        serde_json::from_value(object).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let inflated = node(json!({"overcommit.dev/raw-allocatable": "{\"cpu\":\"3900m\"}"}));
+    let facts = node_facts(&inflated).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        facts.raw,
+        units(&[("cpu", 3900), ("memory", 16 << 30), ("pods", 110)])
+    );
+    assert_eq!(facts.labels.get("pool").map(String::as_str), Some("a"));
+    let plain = node_facts(&node(json!({}))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plain.raw.get("cpu"), Some(&8000));
+    for bad in [
+        json!({"overcommit.dev/raw-allocatable": "not json"}),
+        json!({"overcommit.dev/raw-allocatable": "{\"cpu\":\"x\"}"}),
+    ] {
+        assert!(node_facts(&node(bad)).is_err());
+    }
+}
