@@ -1,6 +1,8 @@
 //! What `kube-overcommit status` shows, from plain data: one row per node with its policy, the
-//! kubelet's (raw) and the written allocatable, the requested sum and the usage, and their
-//! shares of raw; rendered as a table like `kubectl top nodes` or as JSON. Pure.
+//! kubelet's (raw) and the written allocatable, the requested sum and the usage with their
+//! shares of raw, and the policy's request cap (`floor(raw x percent / 100)`, as the placement
+//! check computes it) with the requested share of it; rendered as a table like
+//! `kubectl top nodes` or as JSON. Pure.
 
 use std::collections::BTreeMap;
 
@@ -52,6 +54,9 @@ pub struct Cell {
     pub usage: Option<u128>,
     pub requested_percent_of_raw: Option<f64>,
     pub usage_percent_of_raw: Option<f64>,
+    /// The policy's request cap for this resource, if it sets one.
+    pub cap: Option<u128>,
+    pub requested_percent_of_cap: Option<f64>,
 }
 
 /// The rows, in node name order.
@@ -62,10 +67,10 @@ pub fn rows(nodes: &[NodeFacts], policies: &PolicySet) -> Vec<Row> {
 }
 
 fn row(node: &NodeFacts, policies: &PolicySet) -> Row {
-    let policy = match policies.for_node(&node.labels) {
-        NodeChoice::Policy(p) => p.name.clone(),
-        NodeChoice::NoPolicy => "-".to_string(),
-        NodeChoice::OptedOut => "opted-out".to_string(),
+    let (policy, cap) = match policies.for_node(&node.labels) {
+        NodeChoice::Policy(p) => (p.name.clone(), p.cap.as_ref()),
+        NodeChoice::NoPolicy => ("-".to_string(), None),
+        NodeChoice::OptedOut => ("opted-out".to_string(), None),
     };
     let mut problems = Vec::new();
     let raw_record: BTreeMap<String, String> =
@@ -95,6 +100,10 @@ fn row(node: &NodeFacts, policies: &PolicySet) -> Row {
         };
         let requested = node.requested.get(resource).copied().unwrap_or(0);
         let usage = node.usage.as_ref().and_then(|u| u.get(resource).copied());
+        let capped = cap
+            .and_then(|c| c.percent.get(resource))
+            .zip(raw)
+            .map(|(percent, raw)| raw.saturating_mul(u128::from(*percent)) / 100);
         resources.insert(
             resource.to_string(),
             Cell {
@@ -109,6 +118,8 @@ fn row(node: &NodeFacts, policies: &PolicySet) -> Row {
                 usage,
                 requested_percent_of_raw: percent(Some(requested), raw),
                 usage_percent_of_raw: percent(usage, raw),
+                cap: capped,
+                requested_percent_of_cap: percent(Some(requested), capped),
             },
         );
     }
@@ -139,16 +150,18 @@ pub fn table(rows: &[Row]) -> String {
         "CPU ALLOC".into(),
         "CPU REQ".into(),
         "CPU USE".into(),
+        "CPU CAP".into(),
         "MEM RAW".into(),
         "MEM ALLOC".into(),
         "MEM REQ".into(),
         "MEM USE".into(),
+        "MEM CAP".into(),
     ]];
     for row in rows {
         let mut line = vec![row.node.clone(), row.policy.clone()];
         for resource in RESOURCES {
             let Some(cell) = row.resources.get(resource) else {
-                line.extend(std::iter::repeat_n("-".to_string(), 4));
+                line.extend(std::iter::repeat_n("-".to_string(), 5));
                 continue;
             };
             let show = |v: Option<u128>| v.map_or("-".to_string(), |v| human(resource, v));
@@ -160,6 +173,8 @@ pub fn table(rows: &[Row]) -> String {
             line.push(show(cell.allocatable));
             line.push(share(Some(cell.requested), cell.requested_percent_of_raw));
             line.push(share(cell.usage, cell.usage_percent_of_raw));
+            // The cap, and how much of it the requests use.
+            line.push(share(cell.cap, cell.requested_percent_of_cap));
         }
         lines.push(line);
     }
@@ -228,6 +243,7 @@ metadata: {name: workers}
 spec:
   nodeSelector: {matchLabels: {role: worker}}
   nodeRatios: {cpu: "1.5"}
+  requestCap: {cpu: "150%"}
 "#;
         PolicySet::new(parse_policy_file(yaml).expect("policy")).expect("valid")
     }
@@ -279,6 +295,10 @@ spec:
         assert_eq!((cpu.requested, cpu.usage), (3500, Some(800)));
         assert_eq!(cpu.requested_percent_of_raw, Some(87.5));
         assert_eq!(cpu.usage_percent_of_raw, Some(20.0));
+        // Cap 150% of 4 cores = 6; 3.5 requested is 58.3% of it. Memory has no cap.
+        assert_eq!(cpu.cap, Some(6000));
+        assert_eq!(cpu.requested_percent_of_cap, Some(58.3));
+        assert_eq!(worker.resources["memory"].cap, None);
         let memory = worker.resources["memory"];
         assert_eq!(
             memory.raw,
@@ -309,6 +329,7 @@ spec:
             "6",
             "3.5 (87.5%)",
             "800m (20%)",
+            "6 (58.3%)",
             "16Gi",
             "8Gi (50%)",
             "4Gi (25%)",
