@@ -501,6 +501,50 @@ fn duplicate_read_fields_answer_as_serde_json_does() {
     }
 }
 
+/// `request.kind` and `request.resource` are read in place when they are plain strings: a
+/// repeated member, a member that is not a string, an escape or null answer as serde_json does.
+#[test]
+fn kind_and_resource_read_in_place_answer_as_serde_json_does() {
+    let set = &policy_sets()[0].1;
+    let body = String::from_utf8_lossy(FIXTURES[2].1).into_owned();
+    let cases = [
+        ("\"kind\":{", "\"kind\":{\"kind\":\"Pod\",", true),
+        ("\"kind\":{", "\"kind\":{\"group\":\"x\",", true),
+        (
+            "\"resource\":{",
+            "\"resource\":{\"resource\":\"pods\",",
+            true,
+        ),
+        ("\"resource\":{", "\"resource\":{\"group\":null,", true),
+        (
+            "\"kind\":{",
+            "\"kind\":{\"version\":1,\"extra\":[1,{}],",
+            false,
+        ),
+        (
+            "\"resource\":{",
+            "\"resource\":{\"version\":\"v\\u0031\",\"version\":\"v1\",",
+            false,
+        ),
+        ("\"kind\":{", "\"kind\":null,\"x\":{", false),
+    ];
+    for (from, to, refused) in cases {
+        assert!(body.contains(from), "{from}");
+        let changed = body.replacen(from, to, 1);
+        let answer = assert_identical(to, changed.as_bytes(), set);
+        if refused {
+            assert!(
+                answer
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("duplicate field")),
+                "{to}: {:?}",
+                answer.reason
+            );
+        }
+    }
+}
+
 #[test]
 fn deep_nesting_in_skipped_values_is_skipped_as_serde_json_skips_it() {
     // serde_json's IgnoredAny skips without a nesting limit (its recursion limit applies to

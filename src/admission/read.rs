@@ -219,6 +219,47 @@ fn value_at<'a, T: Deserialize<'a>>(body: &'a [u8], start: usize) -> Read<(T, us
     }
 }
 
+/// `request.kind` (`{"group", "version", "kind"}`): plain strings each at most once are read
+/// in place, anything else as serde_json reads it (and refuses it: a repeated member).
+fn kind_in<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<KindIn<'a>>> {
+    let mut kind = KindIn::default();
+    let plain = plain::members_in(body, members.value_start(), |key, value| {
+        let slot = match key.as_ref() {
+            "group" => &mut kind.group,
+            "kind" => &mut kind.kind,
+            _ => return Some(()),
+        };
+        slot.replace(value).is_none().then_some(())
+    });
+    match plain {
+        Some(end) => {
+            members.value_read(end);
+            Ok(Some(kind))
+        }
+        None => field::<Option<KindIn<'a>>>(body, members),
+    }
+}
+
+/// `request.resource` (`{"group", "version", "resource"}`), read as `kind_in` reads its object.
+fn resource_in<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<ResourceIn<'a>>> {
+    let mut resource = ResourceIn::default();
+    let plain = plain::members_in(body, members.value_start(), |key, value| {
+        let slot = match key.as_ref() {
+            "group" => &mut resource.group,
+            "resource" => &mut resource.resource,
+            _ => return Some(()),
+        };
+        slot.replace(value).is_none().then_some(())
+    });
+    match plain {
+        Some(end) => {
+            members.value_read(end);
+            Ok(Some(resource))
+        }
+        None => field::<Option<ResourceIn<'a>>>(body, members),
+    }
+}
+
 /// A string field, borrowed from the body when it has no escapes.
 #[derive(Deserialize)]
 #[serde(transparent)]
@@ -550,11 +591,11 @@ fn read_request<'a>(
             }
             b"kind" => {
                 once(1, "kind")?;
-                request.kind = field::<Option<KindIn<'a>>>(body, &mut members)?;
+                request.kind = kind_in(body, &mut members)?;
             }
             b"resource" => {
                 once(2, "resource")?;
-                request.resource = field::<Option<ResourceIn<'a>>>(body, &mut members)?;
+                request.resource = resource_in(body, &mut members)?;
             }
             b"name" => {
                 once(3, "name")?;
