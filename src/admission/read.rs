@@ -219,43 +219,37 @@ fn value_at<'a, T: Deserialize<'a>>(body: &'a [u8], start: usize) -> Read<(T, us
     }
 }
 
-/// `request.kind` (`{"group", "version", "kind"}`): plain strings each at most once are read
-/// in place, anything else as serde_json reads it (and refuses it: a repeated member).
-fn kind_in<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<KindIn<'a>>> {
-    let mut kind = KindIn::default();
-    let plain = plain::members_in(body, members.value_start(), |key, value| {
-        let slot = match key.as_ref() {
-            "group" => &mut kind.group,
-            "kind" => &mut kind.kind,
-            _ => return Some(()),
-        };
-        slot.replace(value).is_none().then_some(())
-    });
-    match plain {
-        Some(end) => {
-            members.value_read(end);
-            Ok(Some(kind))
+/// Members `names` of an object of plain strings (each at most once; others skipped), read in
+/// place; `None` where serde_json must read it (a repeated member, null, a value that is not a
+/// string, an escape), and then nothing is marked read.
+fn plain_members<'a, const N: usize>(
+    body: &'a [u8],
+    members: &mut Members<'a>,
+    names: [&str; N],
+) -> Option<[Option<Cow<'a, str>>; N]> {
+    let mut found = [const { None }; N];
+    let end = plain::members_in(body, members.value_start(), |key, value| {
+        match names.iter().position(|name| *name == key.as_ref()) {
+            Some(at) => found.get_mut(at)?.replace(value).is_none().then_some(()),
+            None => Some(()),
         }
+    })?;
+    members.value_read(end);
+    Some(found)
+}
+
+/// `request.kind` (`{"group", "version", "kind"}`).
+fn kind_in<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<KindIn<'a>>> {
+    match plain_members(body, members, ["group", "kind"]) {
+        Some([group, kind]) => Ok(Some(KindIn { group, kind })),
         None => field::<Option<KindIn<'a>>>(body, members),
     }
 }
 
-/// `request.resource` (`{"group", "version", "resource"}`), read as `kind_in` reads its object.
+/// `request.resource` (`{"group", "version", "resource"}`).
 fn resource_in<'a>(body: &'a [u8], members: &mut Members<'a>) -> Read<Option<ResourceIn<'a>>> {
-    let mut resource = ResourceIn::default();
-    let plain = plain::members_in(body, members.value_start(), |key, value| {
-        let slot = match key.as_ref() {
-            "group" => &mut resource.group,
-            "resource" => &mut resource.resource,
-            _ => return Some(()),
-        };
-        slot.replace(value).is_none().then_some(())
-    });
-    match plain {
-        Some(end) => {
-            members.value_read(end);
-            Ok(Some(resource))
-        }
+    match plain_members(body, members, ["group", "resource"]) {
+        Some([group, resource]) => Ok(Some(ResourceIn { group, resource })),
         None => field::<Option<ResourceIn<'a>>>(body, members),
     }
 }
