@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from common import (KCP, KUBELET_UPDATE_S, OUT, PHASES, QUIET_PHASE, REPORT_FREQUENCY_S, ROOT, Server, apiserver_markdown,
@@ -112,7 +113,7 @@ class Api:
         return json.loads(body)
 
 
-def webhook_config(ca_pem: bytes, path: str = "/mutate") -> dict:
+def webhook_config(ca_pem: bytes, path: str, port: int) -> dict:
     return {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": WEBHOOK},
@@ -121,7 +122,7 @@ def webhook_config(ca_pem: bytes, path: str = "/mutate") -> dict:
             "admissionReviewVersions": ["v1"], "sideEffects": "None",
             "failurePolicy": "Ignore", "timeoutSeconds": 2, "matchPolicy": "Equivalent",
             "reinvocationPolicy": "Never",
-            "clientConfig": {"service": {"namespace": NAMESPACE, "name": SERVICE, "path": path, "port": 443},
+            "clientConfig": {"service": {"namespace": NAMESPACE, "name": SERVICE, "path": path, "port": port},
                              "caBundle": base64.b64encode(ca_pem).decode()},
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes/status"]},
                       {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["nodes"]}],
@@ -129,20 +130,40 @@ def webhook_config(ca_pem: bytes, path: str = "/mutate") -> dict:
     }
 
 
-def webhook_on(api: Api, tls: Path, addr: str, path: str) -> None:
+def phase_port(phase: str) -> int:
+    """Each phase reaches its server through its own Service port. The API server keeps its
+    keep-alive connections to a webhook Service per host:port and asks the service resolver only
+    when it dials, so re-pointing one port at another server would leave the earlier phase's
+    server answering (it still runs) for as long as those connections live."""
+    return 443 + PHASES.index(phase)
+
+
+def webhook_on(api: Api, tls: Path, addr: str, path: str, port: int) -> None:
     kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
     kubectl("apply", "-f", "-", stdin=json.dumps({
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": SERVICE, "namespace": NAMESPACE},
-        "spec": {"ports": [{"port": 443, "targetPort": 8443}], "selector": {"app": SERVICE}}}))
-    subprocess.run([str(KCP), "backend", "add", "--namespace", NAMESPACE, "--service", SERVICE, "--port", "443", "--addr", addr],
+        "spec": {"ports": [{"name": p, "port": phase_port(p), "targetPort": 8443} for p in PHASES],
+                 "selector": {"app": SERVICE}}}))
+    subprocess.run([str(KCP), "backend", "add", "--namespace", NAMESPACE, "--service", SERVICE, "--port", str(port), "--addr", addr],
                    check=True)
-    kubectl("apply", "-f", "-", stdin=json.dumps(webhook_config((tls / "ca.crt").read_bytes(), path)))
+    kubectl("apply", "-f", "-", stdin=json.dumps(webhook_config((tls / "ca.crt").read_bytes(), path, port)))
 
 
-def webhook_off(api: Api, addr: str) -> None:
+def webhook_off(api: Api, addr: str, port: int) -> None:
     kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found")
-    subprocess.run([str(KCP), "backend", "remove", "--namespace", NAMESPACE, "--service", SERVICE, "--port", "443", "--addr", addr],
+    subprocess.run([str(KCP), "backend", "remove", "--namespace", NAMESPACE, "--service", SERVICE, "--port", str(port), "--addr", addr],
                    check=False)
+
+
+def product_reviews(server: Server) -> int | None:
+    """Node reviews a kube-overcommit server has answered (its own metrics), None for other servers."""
+    probe = next((a.split(":")[-1] for prev, a in zip(server.argv, server.argv[1:]) if prev == "--probe-listen"), None)
+    if probe is None:
+        return None
+    with urllib.request.urlopen(f"http://127.0.0.1:{probe}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("kube_overcommit_reviews_total{") and 'resource="node"' in line)
 
 
 def create_probe_node(api: Api) -> dict:
@@ -290,8 +311,8 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
     try:
         for s in servers.values():
             wait_ready(s, tls, _payload("node-55k").read_bytes(), "node-55k")
-        for a in addr.values():
-            webhook_off(api, a)
+        for name, a in addr.items():
+            webhook_off(api, a, phase_port(name))
         node = create_probe_node(api)
         raw = node["status"]["allocatable"]
         log(f"starting {nodes} fake kubelets (50 images each)")
@@ -308,11 +329,11 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
         log(f"fleet registered; {warmup}s warm-up")
         time.sleep(warmup)
         for phase in PHASES:
-            for a in addr.values():
-                webhook_off(api, a)
+            for name, a in addr.items():
+                webhook_off(api, a, phase_port(name))
             server = servers.get(phase)
             if server:
-                webhook_on(api, tls, addr[phase], server.paths["node"])
+                webhook_on(api, tls, addr[phase], server.paths["node"], phase_port(phase))
                 # Wait until the API server calls the webhook: a probe PATCH comes back mutated.
                 wait_for("the webhook to be called", lambda: patch_latencies(api, raw, 1)["mutated"] == 1, timeout=60, interval=1)
                 # Each fake kubelet's next report (within REPORT_FREQUENCY_S) goes through the webhook;
@@ -323,11 +344,19 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
                 wait_for("the webhook to be gone", lambda: patch_latencies(api, raw, 1)["mutated"] == 0, timeout=60, interval=1)
             m0 = webhook_metrics(api)
             cpu0 = server.cpu_seconds() if server else 0.0
+            reviews0 = product_reviews(server) if server else None
             log(f"webhook {phase}: {probes} status PATCHes, then {window}s of watching the fleet's writes")
             lat = patch_latencies(api, raw, probes)
             writes = node_writes(api, nodes, window)
             m1 = webhook_metrics(api)
             calls = m1["count"] - m0["count"]
+            if reviews0 is not None:
+                # The phase's own server must have answered the API server's calls (at least the
+                # probes), or the phase measured another server.
+                answered = product_reviews(server) - reviews0
+                if answered < probes:
+                    raise RuntimeError(f"phase {phase}: its server answered {answered} node reviews, "
+                                       f"fewer than the {probes} probe PATCHes: the API server called another server")
             results[phase] = {"patch": lat, "writes": writes,
                               "webhook_calls": calls,
                               "webhook_mean_ms": (m1["sum"] - m0["sum"]) / calls * 1000 if calls else None,
@@ -336,8 +365,8 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
             log(f"webhook {phase}: PATCH p50 {lat['p50_ms']:.2f} p99 {lat['p99_ms']:.2f} ms; "
                 f"{writes['per_node_per_minute']:.2f} writes/node/min")
     finally:
-        for a in addr.values():
-            webhook_off(api, a)
+        for name, a in addr.items():
+            webhook_off(api, a, phase_port(name))
         if fleet and fleet.poll() is None:
             os.killpg(fleet.pid, signal.SIGTERM)
             try:
