@@ -1,0 +1,382 @@
+package e2e
+
+// Issue 17 end to end, the webhook configuration of the placement cap: with `serve
+// --request-cap` the leader keeps a ValidatingWebhookConfiguration (same name as the mutating
+// one) pointing at /validate through the Service, with the same caBundle; it repairs hand edits
+// and deletion; a CA rotation puts the new CA into both caBundles before any leaf comes from it
+// and drops the old one from both; restarted without --request-cap, the leader deletes it.
+// Pods are refused through it with the cap's message (replicas reached by the API server
+// through the Service resolver, as in the leader tests).
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"kube-overcommit/tests/cluster/harness"
+)
+
+// capPolicy: raw cpu x 1.1 for the scheduler, and a cap at 110% of raw.
+const capPolicy = `  nodeRatios:
+    cpu: "1.1"
+  requestCap:
+    cpu: "110%"
+`
+
+// capNode registers a node as a kubelet does (status on create): raw cpu 4, with the test's
+// label, so the policy caps it at 4.4. No kubelet runs it: pods placed there stay Pending
+// (still counted: they are bound and not terminal).
+func capNode(t *testing.T, ctx context.Context, name, ns string) {
+	t.Helper()
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{koNodeLabelKey: ns}},
+		Status: corev1.NodeStatus{
+			Capacity:    corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourcePods: resource.MustParse("110")},
+			Allocatable: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourcePods: resource.MustParse("110")},
+		},
+	}
+	if _, err := shared.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = shared.Client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+// placedPod asks `cpu` ("" for none) on `node` (spec.nodeName set at create).
+func placedPod(name, node, cpu string) *corev1.Pod {
+	c := corev1.Container{Name: "app", Image: "registry.invalid/app"}
+	if cpu != "" {
+		c.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			NodeName:                     node,
+			AutomountServiceAccountToken: ptr.To(false),
+			Containers:                   []corev1.Container{c},
+		},
+	}
+}
+
+// sameBundle: the CA certificates of a caBundle, compared as certificates.
+func sameCerts(a, b []*x509.Certificate) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func containsCert(bundle []*x509.Certificate, c *x509.Certificate) bool {
+	for _, b := range bundle {
+		if b.Equal(c) {
+			return true
+		}
+	}
+	return false
+}
+
+// capConfig is the validating configuration, read; its caBundle parsed (the webhooks' must be
+// equal).
+func capConfig(ctx context.Context, name string) (*admissionregistrationv1.ValidatingWebhookConfiguration, []*x509.Certificate, error) {
+	cfg, err := shared.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(cfg.Webhooks) == 0 {
+		return cfg, nil, fmt.Errorf("no webhooks")
+	}
+	for _, w := range cfg.Webhooks[1:] {
+		if !bytes.Equal(w.ClientConfig.CABundle, cfg.Webhooks[0].ClientConfig.CABundle) {
+			return cfg, nil, fmt.Errorf("webhook %s has another caBundle", w.Name)
+		}
+	}
+	return cfg, pemCerts(cfg.Webhooks[0].ClientConfig.CABundle), nil
+}
+
+func TestRequestCapWebhookConfiguration(t *testing.T) {
+	ctx := harness.Context(t, 8*time.Minute)
+	ns := uniqueName("ko-cap")
+	rs := startReplicasWithPolicy(t, ctx, ns, 2, capPolicy,
+		"--request-cap", "--leaf-validity", "10m", "--ca-validity", "1h")
+	if err := harness.Eventually(90*time.Second, 250*time.Millisecond, func() error { return rs.settled(ctx) }); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	vwcs := shared.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+
+	// Created by the leader, with the mutating configuration's caBundle.
+	var orig *admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := harness.Eventually(15*time.Second, 100*time.Millisecond, func() error {
+		cfg, bundle, err := capConfig(ctx, ns)
+		if err != nil {
+			return err
+		}
+		p, err := readPKI(ctx, ns)
+		if err != nil {
+			return err
+		}
+		if !sameCerts(bundle, p.bundle) {
+			return fmt.Errorf("caBundle differs from the mutating configuration's")
+		}
+		orig = cfg
+		return nil
+	}); err != nil {
+		t.Fatalf("validating configuration: %v", err)
+	}
+	var shape []string
+	for _, w := range orig.Webhooks {
+		var rules []string
+		for _, r := range w.Rules {
+			rules = append(rules, fmt.Sprintf("%v %s", r.Operations, strings.Join(r.Resources, ",")))
+		}
+		svc := w.ClientConfig.Service
+		shape = append(shape, fmt.Sprintf("%s %s %d %s %s/%s%s:%d [%s] conditions=%d", w.Name, *w.FailurePolicy, *w.TimeoutSeconds,
+			*w.SideEffects, svc.Namespace, svc.Name, *svc.Path, *svc.Port, strings.Join(rules, "; "), len(w.MatchConditions)))
+	}
+	want := []string{
+		fmt.Sprintf("bindings.cap.overcommit.dev Ignore 2 None %s/%s/validate:443 [[CREATE] pods/binding; [CREATE] bindings] conditions=0", ns, koService),
+		fmt.Sprintf("placed-pods.cap.overcommit.dev Ignore 2 None %s/%s/validate:443 [[CREATE] pods] conditions=2", ns, koService),
+	}
+	if strings.Join(shape, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("validating configuration:\n%s\nwant:\n%s", strings.Join(shape, "\n"), strings.Join(want, "\n"))
+	}
+
+	// Enforced through it: a pod over the cap on its own is refused with the rule's message.
+	node := ns + "-node"
+	capNode(t, ctx, node, ns)
+	podNS := ns + "-pods"
+	createNamespace(t, ctx, podNS)
+	pods := shared.Client.CoreV1().Pods(podNS)
+	refusal := "node " + node + ": cpu requests would reach 5 of a cap of 4.4 (110% of 4); pod probe asks 5"
+	if err := harness.Eventually(60*time.Second, 250*time.Millisecond, func() error {
+		_, err := pods.Create(ctx, placedPod("probe", node, "5"), metav1.CreateOptions{})
+		if err == nil {
+			_ = pods.Delete(ctx, "probe", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+			return fmt.Errorf("probe pod admitted")
+		}
+		if !strings.Contains(err.Error(), refusal) {
+			return err
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the cap never refused the probe pod through the leader's configuration: %v", err)
+	}
+
+	asOrig := func() error {
+		got, err := vwcs.Get(ctx, ns, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(got.Webhooks) != len(orig.Webhooks) {
+			return fmt.Errorf("%d webhooks", len(got.Webhooks))
+		}
+		for i, w := range got.Webhooks {
+			o := orig.Webhooks[i]
+			if *w.FailurePolicy != *o.FailurePolicy || *w.TimeoutSeconds != *o.TimeoutSeconds ||
+				!bytes.Equal(w.ClientConfig.CABundle, o.ClientConfig.CABundle) || len(w.Rules) != len(o.Rules) ||
+				len(w.MatchConditions) != len(o.MatchConditions) {
+				return fmt.Errorf("webhook %s still drifted", w.Name)
+			}
+		}
+		return nil
+	}
+
+	// Hand edits: failurePolicy Fail, a long timeout, a garbage caBundle, rules and conditions gone.
+	cfg := orig.DeepCopy()
+	cfg.Webhooks[0].FailurePolicy = ptr.To(admissionregistrationv1.Fail)
+	cfg.Webhooks[0].TimeoutSeconds = ptr.To(int32(30))
+	cfg.Webhooks[1].ClientConfig.CABundle = []byte("garbage")
+	cfg.Webhooks[1].MatchConditions = nil
+	cfg.Webhooks[0].Rules = cfg.Webhooks[0].Rules[:1]
+	if _, err := vwcs.Update(ctx, cfg, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	repairedWithin(t, "edited validating configuration", 5*time.Second, asOrig)
+	if err := vwcs.Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	repairedWithin(t, "deleted validating configuration", 5*time.Second, asOrig)
+
+	// A CA rotation: at every look, the CA of the serving leaf is in both caBundles (so is the
+	// CA of any leaf a replica may still serve: the old CA is dropped only once every ready
+	// replica serves a leaf from the new one); at the end both hold the new CA alone. Pods with
+	// spec.nodeName are created meanwhile: no call to either configuration may fail.
+	before, err := readPKI(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	countsBefore, err := apiserverWebhookCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated := make(chan error, 1)
+	go func() {
+		rotate := exec.Command(rs.in.Binary, "rotate", "--ca", "--namespace", ns, "--wait", "90s")
+		rotate.Env = append(os.Environ(), "KUBECONFIG="+shared.Kubeconfig)
+		out, err := rotate.CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("rotate --ca: %v: %s", err, out)
+		}
+		rotated <- err
+	}()
+	var (
+		looks, created int
+		loadErr        error
+		loadMu         sync.Mutex
+		loadDone       = make(chan struct{})
+		stopLoad       = make(chan struct{})
+	)
+	go func() {
+		defer close(loadDone)
+		for i := 0; ; i++ {
+			select {
+			case <-stopLoad:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			_, err := pods.Create(ctx, placedPod(fmt.Sprintf("during-rotation-%d", i), node, ""), metav1.CreateOptions{})
+			loadMu.Lock()
+			if err != nil && loadErr == nil {
+				loadErr = err
+			} else if err == nil {
+				created++
+			}
+			loadMu.Unlock()
+		}
+	}()
+	// Until the rotation has finished: the request taken, a new CA alone, every replica ready.
+	var rotateErr error
+	taken := false
+	phases := map[string]bool{}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatalf("the CA rotation did not finish in 90 s (phases seen: %v)", phases)
+		}
+		select {
+		case rotateErr = <-rotated:
+			taken = true
+			if rotateErr != nil {
+				t.Fatal(rotateErr)
+			}
+		case <-time.After(100 * time.Millisecond):
+		}
+		p, err := readPKI(ctx, ns)
+		if err != nil {
+			continue // (a Secret being rewritten)
+		}
+		phases[p.phase] = true
+		if taken && p.current != nil && !p.current.Equal(before.current) && rs.settled(ctx) == nil {
+			break
+		}
+		_, vBundle, err := capConfig(ctx, ns)
+		if err != nil {
+			t.Fatalf("validating configuration during the rotation: %v", err)
+		}
+		looks++
+		if p.leaf == nil {
+			continue
+		}
+		for _, ca := range []*x509.Certificate{p.current, p.next} {
+			if ca != nil && p.leaf.CheckSignatureFrom(ca) == nil {
+				if !containsCert(vBundle, ca) || !containsCert(p.bundle, ca) {
+					t.Fatalf("look %d (phase %q): the serving leaf's CA is missing from a caBundle (validating %d CAs, mutating %d)",
+						looks, p.phase, len(vBundle), len(p.bundle))
+				}
+			}
+		}
+	}
+	close(stopLoad)
+	<-loadDone
+	if !phases["published"] || !phases["switched"] {
+		t.Fatalf("the rotation's phases were not all seen: %v", phases)
+	}
+	after, err := readPKI(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.current.Equal(before.current) {
+		t.Fatal("the CA did not change")
+	}
+	if err := harness.Eventually(10*time.Second, 100*time.Millisecond, func() error {
+		_, vBundle, err := capConfig(ctx, ns)
+		if err != nil {
+			return err
+		}
+		if len(vBundle) != 1 || !vBundle[0].Equal(after.current) {
+			return fmt.Errorf("validating caBundle holds %d CAs, not just the new one", len(vBundle))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	countsAfter, err := apiserverWebhookCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loadMu.Lock()
+	if loadErr != nil {
+		t.Fatalf("a pod with spec.nodeName was refused during the rotation: %v", loadErr)
+	}
+	if created == 0 {
+		t.Fatal("no pod was created during the rotation")
+	}
+	t.Logf("CA rotation: %d looks, %d pods created through the validating webhook; API server webhook counts %+v -> %+v",
+		looks, created, countsBefore, countsAfter)
+	loadMu.Unlock()
+	if countsAfter.FailOpen != countsBefore.FailOpen || countsAfter.Other != countsBefore.Other {
+		t.Fatalf("CA rotation: a webhook call failed: API server webhook counts went from %+v to %+v", countsBefore, countsAfter)
+	}
+
+	// Turned off: replicas restarted without --request-cap; the leader deletes the configuration
+	// it kept (the mutating one stays).
+	var args []string
+	for _, a := range rs.in.Args {
+		if a != "--request-cap" {
+			args = append(args, a)
+		}
+	}
+	rs.in.Args = args
+	for _, r := range rs.in.Replicas() {
+		if err := r.Restart(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	if err := harness.Eventually(60*time.Second, 250*time.Millisecond, func() error {
+		_, err := vwcs.Get(ctx, ns, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("still there")
+	}); err != nil {
+		t.Fatalf("without --request-cap the validating configuration stays: %v", err)
+	}
+	t.Logf("without --request-cap: the validating configuration deleted %v after the restart", time.Since(start).Round(time.Millisecond))
+	if err := harness.Eventually(60*time.Second, 250*time.Millisecond, func() error { return rs.settled(ctx) }); err != nil {
+		t.Fatalf("after turning the cap off: %v", err)
+	}
+}
