@@ -11,8 +11,11 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -29,6 +32,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"kube-overcommit/tests/cluster/harness"
+	"kube-overcommit/tests/cluster/install"
 )
 
 // capPolicy: raw cpu x 1.1 for the scheduler, and a cap at 110% of raw.
@@ -390,5 +394,237 @@ func TestRequestCapWebhookConfiguration(t *testing.T) {
 	}
 	if err := harness.Eventually(60*time.Second, 250*time.Millisecond, func() error { return rs.settled(ctx) }); err != nil {
 		t.Fatalf("after turning the cap off: %v", err)
+	}
+}
+
+// pendingPod asks `cpu` and waits for a binding: its scheduler does not exist.
+func pendingPod(name, cpu string) *corev1.Pod {
+	p := placedPod(name, "", cpu)
+	p.Spec.SchedulerName = "nobody"
+	return p
+}
+
+// validateBinding sends one replica the AdmissionReview of a pods/binding CREATE of ns/name to
+// node, as the API server would; returns its answer. (Use it only for bindings it refuses: an
+// allowed one is counted in the replica's ledger.)
+func validateBinding(ctx context.Context, r *install.Replica, ns, name, node string) (bool, string, error) {
+	review := map[string]any{
+		"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+		"request": map[string]any{
+			"uid": "e2e-" + name, "operation": "CREATE",
+			"kind":        map[string]any{"group": "", "version": "v1", "kind": "Binding"},
+			"resource":    map[string]any{"group": "", "version": "v1", "resource": "pods"},
+			"subResource": "binding", "name": name, "namespace": ns,
+			"userInfo": map[string]any{"username": "e2e"},
+			"object": map[string]any{"apiVersion": "v1", "kind": "Binding",
+				"metadata": map[string]any{"name": name, "namespace": ns},
+				"target":   map[string]any{"apiVersion": "v1", "kind": "Node", "name": node}},
+		},
+	}
+	body, err := json.Marshal(review)
+	if err != nil {
+		return false, "", err
+	}
+	// The replica's leaf is checked by the API server elsewhere; here only its answer matters.
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+r.Listen+"/validate", bytes.NewReader(body))
+	if err != nil {
+		return false, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return false, "", err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Response struct {
+			Allowed bool `json:"allowed"`
+			Status  struct {
+				Message string `json:"message"`
+			} `json:"status"`
+		} `json:"response"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return false, "", fmt.Errorf("replica %s /validate: %s: %v", r.Identity(), resp.Status, err)
+	}
+	return out.Response.Allowed, out.Response.Status.Message, nil
+}
+
+// burstResult is one burst of concurrent bindings to one node.
+type burstResult struct {
+	bound, refused int
+	// boundMilli is the cpu requests (millicores) of the pods bound to the node afterwards.
+	boundMilli int64
+	took       time.Duration
+	// perReplica: the burst's reviews answered by each replica.
+	perReplica []int
+}
+
+// bindBurst creates n pending pods asking `cpu` each, waits until the pod index of every replica
+// has them (a sentinel pod created after them, larger than the cap on its own, is refused by
+// every replica: the watch delivers events in order), then binds all n to node at once.
+// Refusals must carry the cap's message.
+func bindBurst(t *testing.T, ctx context.Context, in *replicaSet, podNS, prefix, node string, n int, cpu string) burstResult {
+	t.Helper()
+	pods := shared.Client.CoreV1().Pods(podNS)
+	// The API server calls the webhook (its configuration is loaded there) and the node is
+	// known: a pod over the cap on its own, created on the node, is refused.
+	probe := prefix + "-probe"
+	if err := harness.Eventually(60*time.Second, 100*time.Millisecond, func() error {
+		_, err := pods.Create(ctx, placedPod(probe, node, "5"), metav1.CreateOptions{})
+		if err == nil {
+			_ = pods.Delete(ctx, probe, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+			return fmt.Errorf("probe pod admitted")
+		}
+		if !strings.Contains(err.Error(), "cpu requests would reach") {
+			return err
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the cap's webhook is not called: %v", err)
+	}
+	for i := 0; i < n; i++ {
+		if _, err := pods.Create(ctx, pendingPod(fmt.Sprintf("%s-%d", prefix, i), cpu), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sentinel := prefix + "-sentinel"
+	if _, err := pods.Create(ctx, pendingPod(sentinel, "5"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bind := func(name string) error {
+		return pods.Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Target: corev1.ObjectReference{Kind: "Node", Name: node}}, metav1.CreateOptions{})
+	}
+	// Every replica's index holds the pods: the sentinel's binding, reviewed by each replica
+	// directly (the API server would pick one), is refused by all. (A replica that has not seen
+	// the sentinel yet allows it without counting it anywhere.)
+	if err := harness.Eventually(60*time.Second, 50*time.Millisecond, func() error {
+		for _, r := range in.in.Replicas() {
+			allowed, msg, err := validateBinding(ctx, r, podNS, sentinel, node)
+			if err != nil {
+				return err
+			}
+			if allowed || !strings.Contains(msg, "cpu requests would reach") {
+				return fmt.Errorf("replica %s: allowed %v %q", r.Identity(), allowed, msg)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the pod index never held the burst's pods: %v", err)
+	}
+
+	var (
+		mu     sync.Mutex
+		res    burstResult
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		others []string
+	)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(name string) {
+			defer wg.Done()
+			<-start
+			err := bind(name)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				res.bound++
+			case strings.Contains(err.Error(), "node "+node+": cpu requests would reach") &&
+				strings.Contains(err.Error(), "of a cap of 4.4 (110% of 4); pod "+name+" asks"):
+				res.refused++
+			default:
+				others = append(others, err.Error())
+			}
+		}(fmt.Sprintf("%s-%d", prefix, i))
+	}
+	reviews := func() []float64 {
+		var out []float64
+		for _, r := range in.in.Replicas() {
+			m, err := replicaMetrics(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, m[`kube_overcommit_placement_reviews_total{outcome="allowed"}`]+m[`kube_overcommit_placement_reviews_total{outcome="denied"}`])
+		}
+		return out
+	}
+	before := reviews()
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	res.took = time.Since(t0)
+	for i, v := range reviews() {
+		res.perReplica = append(res.perReplica, int(v-before[i]))
+	}
+	if len(others) > 0 {
+		t.Fatalf("bindings failed otherwise than by the cap: %v", others)
+	}
+	list, err := pods.List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range list.Items {
+		for _, c := range p.Spec.Containers {
+			res.boundMilli += c.Resources.Requests.Cpu().MilliValue()
+		}
+	}
+	return res
+}
+
+// Issue 17's burst: 40 bindings of 200m at once to one node capped at 4.4 cpu. With one
+// replica, its ledger counts each allowed binding before the watch shows it: exactly 22 bound
+// (4.4), 18 refused with the cap's message. With two replicas (the API server spreads calls over
+// its connections to both), each counts only its own bindings in flight: the overshoot is
+// measured and logged (README, "The placement cap's webhook").
+func TestRequestCapBurst(t *testing.T) {
+	ctx := harness.Context(t, 6*time.Minute)
+	ns := uniqueName("ko-burst")
+	rs := startReplicasWithPolicy(t, ctx, ns, 1, capPolicy, "--request-cap")
+	if err := harness.Eventually(90*time.Second, 250*time.Millisecond, func() error { return rs.settled(ctx) }); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	podNS := ns + "-pods"
+	createNamespace(t, ctx, podNS)
+
+	one := ns + "-one"
+	capNode(t, ctx, one, ns)
+	r := bindBurst(t, ctx, rs, podNS, "one", one, 40, "200m")
+	t.Logf("one replica: %d bound, %d refused in %v (reviews %v); %dm bound on the node (cap 4400m)", r.bound, r.refused, r.took.Round(time.Millisecond), r.perReplica, r.boundMilli)
+	if r.bound != 22 || r.refused != 18 || r.boundMilli != 4400 {
+		t.Errorf("one replica: %d bound (%dm), %d refused; want exactly 22 (4400m) and 18", r.bound, r.boundMilli, r.refused)
+	}
+
+	if _, err := rs.in.AddReplica(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.in.WaitReady(2, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The API server keeps its connections to the first replica (HTTP/1.1, reused): restart
+	// it, so that new connections are dialled, spread over both replicas by the Service.
+	if err := rs.in.Replica(0).Restart(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.in.WaitReady(2, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := shared.WaitBackendsReady(ns, koService, 2, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	two := ns + "-two"
+	capNode(t, ctx, two, ns)
+	r = bindBurst(t, ctx, rs, podNS, "two", two, 40, "200m")
+	t.Logf("two replicas: %d bound, %d refused in %v (reviews per replica %v); %dm bound on the node (cap 4400m): overshoot %dm",
+		r.bound, r.refused, r.took.Round(time.Millisecond), r.perReplica, r.boundMilli, r.boundMilli-4400)
+	if r.bound+r.refused != 40 || r.bound < 22 {
+		t.Errorf("two replicas: %d bound, %d refused", r.bound, r.refused)
+	}
+	// Each replica allows at most up to the cap on what it sees: never more than twice the cap.
+	if r.boundMilli > 2*4400 {
+		t.Errorf("two replicas: %dm bound, more than one cap per replica", r.boundMilli)
 	}
 }
