@@ -627,4 +627,28 @@ func TestRequestCapBurst(t *testing.T) {
 	if r.boundMilli > 2*4400 {
 		t.Errorf("two replicas: %dm bound, more than one cap per replica", r.boundMilli)
 	}
+
+	// Webhook down (every replica stopped, the configuration left in place): placement fails
+	// open. A pod over the cap is created on the full node at once, and the API server counts a
+	// fail-open call of the cap's webhook.
+	if err := rs.in.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := apiserverWebhookCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if _, err := shared.Client.CoreV1().Pods(podNS).Create(ctx, placedPod("while-down", one, "5"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("with the webhook down, a pod over the cap must be admitted (fail open): %v", err)
+	}
+	took := time.Since(t0)
+	after, err := apiserverWebhookCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.FailOpen <= before.FailOpen {
+		t.Errorf("no fail-open call counted by the API server: %+v -> %+v", before, after)
+	}
+	t.Logf("webhook down: a pod over the cap admitted in %v (fail open; API server counts %+v -> %+v)", took.Round(time.Millisecond), before, after)
 }
