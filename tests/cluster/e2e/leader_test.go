@@ -332,11 +332,16 @@ func envInt(name string, def int) int {
 
 func startLeaderNodes(t *testing.T, ns string) *harness.FakeNodes {
 	t.Helper()
-	nodes, err := shared.StartFakeNodes(harness.FakeNodesOptions{Prefix: ns, Count: 2, Args: []string{
-		"--labels=" + koNodeLabelKey + "=" + ns, "--cpu=8", "--allocatable-cpu=4", "--images=50",
+	return startTestNodes(t, ns, 2, "--labels="+koNodeLabelKey+"="+ns, "--cpu=8", "--allocatable-cpu=4", "--images=50",
 		// A status write every second from each node, changed or not: steady review traffic.
-		"--status-update-frequency=1s", "--status-report-frequency=1s",
-	}})
+		"--status-update-frequency=1s", "--status-report-frequency=1s")
+}
+
+// startTestNodes runs count fake nodes <prefix>-<i> with `kcp fake-nodes` args; stopped and
+// deleted at the end of the test.
+func startTestNodes(t *testing.T, prefix string, count int, args ...string) *harness.FakeNodes {
+	t.Helper()
+	nodes, err := shared.StartFakeNodes(harness.FakeNodesOptions{Prefix: prefix, Count: count, Args: args})
 	if err != nil {
 		t.Fatal(err)
 	}
