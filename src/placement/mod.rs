@@ -23,6 +23,7 @@ pub mod state;
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
@@ -183,6 +184,9 @@ struct Target {
     facts: PodFacts,
 }
 
+/// See `decide`.
+static DECIDING: Mutex<()> = Mutex::new(());
+
 fn decide(
     request: RequestIn,
     policies: &PolicySet,
@@ -197,6 +201,11 @@ fn decide(
     let Some(cap) = cap::node_cap(&policies.for_node(&node.labels)) else {
         return Ok(CapDecision::Allow);
     };
+    // One decision at a time, from reading the node's sum to recording the binding it allows:
+    // two reviews at once (the API server calls over several connections) must not both pass
+    // on the same sum. Held for the sum, the pure check and the ledger entry (microseconds),
+    // on /validate only.
+    let _one_at_a_time = DECIDING.lock().unwrap_or_else(PoisonError::into_inner);
     let requested = source.requested(&target.node, &target.namespace, &target.name);
     let decision = cap::check(&Placement {
         node: &target.node,

@@ -491,3 +491,73 @@ fn node_facts_read_raw_allocatable() {
         assert!(node_facts(&node(bad)).is_err());
     }
 }
+
+/// A source whose `requested` reads the node's sum, then waits (up to 300 ms) until a second
+/// review has read it too: without one decision at a time, both decide on the same sum.
+struct Rendezvous<'a> {
+    inner: &'a Fake,
+    arrived: std::sync::atomic::AtomicUsize,
+}
+
+impl PlacementSource for Rendezvous<'_> {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.inner.node(name)
+    }
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
+        self.inner.pod(namespace, name)
+    }
+    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
+        use std::sync::atomic::Ordering;
+        let sum = self.inner.requested(node, namespace, name);
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        let until = Instant::now() + Duration::from_millis(300);
+        while self.arrived.load(Ordering::SeqCst) < 2 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sum
+    }
+    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
+        self.inner.allowed(namespace, name, node, requests);
+    }
+}
+
+/// Two bindings to one node reviewed at the same moment (the API server calls a replica over
+/// several connections at once), each fitting alone but not together: exactly one is allowed.
+#[test]
+fn concurrent_bindings_cannot_both_pass_on_the_same_sum() {
+    let (mut fake, policies) = fake("Enforce");
+    // worker-1 holds 3.5 of a cap of 4.4: 0.6 fits, 0.6 + 0.6 does not.
+    for name in ["default/a", "default/b"] {
+        fake.pods.insert(
+            name.to_string(),
+            PodFacts {
+                requests: units(&[("cpu", 600)]),
+                mirror: false,
+            },
+        );
+    }
+    let source = Rendezvous {
+        inner: &fake,
+        arrived: std::sync::atomic::AtomicUsize::new(0),
+    };
+    let reviews = [binding("a", "worker-1"), binding("b", "worker-1")];
+    let outcomes: Vec<CapOutcome> = std::thread::scope(|s| {
+        let handles: Vec<_> = reviews
+            .iter()
+            .map(|body| s.spawn(|| handle(body, &policies, &source).outcome))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(CapOutcome::FailedOpen))
+            .collect()
+    });
+    let allowed = outcomes
+        .iter()
+        .filter(|o| **o == CapOutcome::Allowed)
+        .count();
+    let denied = outcomes
+        .iter()
+        .filter(|o| **o == CapOutcome::Denied)
+        .count();
+    assert_eq!((allowed, denied), (1, 1), "{outcomes:?}");
+}
