@@ -48,19 +48,22 @@ const capPolicy = `  nodeRatios:
 // (still counted: they are bound and not terminal).
 func capNode(t *testing.T, ctx context.Context, name, ns string) {
 	t.Helper()
-	node := &corev1.Node{
+	if _, err := shared.Client.CoreV1().Nodes().Create(ctx, capNodeObject(name, ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = shared.Client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+func capNodeObject(name, ns string) *corev1.Node {
+	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{koNodeLabelKey: ns}},
 		Status: corev1.NodeStatus{
 			Capacity:    corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourcePods: resource.MustParse("110")},
 			Allocatable: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourcePods: resource.MustParse("110")},
 		},
 	}
-	if _, err := shared.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = shared.Client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
-	})
 }
 
 // placedPod asks `cpu` ("" for none) on `node` (spec.nodeName set at create).
@@ -664,6 +667,24 @@ func TestRequestCapRefusesTheScheduler(t *testing.T) {
 	rs := startReplicasWithPolicy(t, ctx, ns, 1, capPolicy, "--request-cap")
 	if err := harness.Eventually(90*time.Second, 250*time.Millisecond, func() error { return rs.settled(ctx) }); err != nil {
 		t.Fatalf("bootstrap: %v", err)
+	}
+	// The node's registration must be reviewed (inflated, raw annotation written): wait until
+	// the API server calls the mutating webhook, with a node made by hand and deleted again.
+	probe := ns + "-probe"
+	if err := harness.Eventually(60*time.Second, 200*time.Millisecond, func() error {
+		n, err := shared.Client.CoreV1().Nodes().Create(ctx, capNodeObject(probe, ns), metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		if err := shared.Client.CoreV1().Nodes().Delete(ctx, probe, metav1.DeleteOptions{}); err != nil {
+			return err
+		}
+		if q := n.Status.Allocatable[corev1.ResourceCPU]; q.Cmp(resource.MustParse("4400m")) != 0 {
+			return fmt.Errorf("a registration stored cpu %s, not inflated", q.String())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	nodes := startTestNodes(t, ns, 1, "--labels="+koNodeLabelKey+"="+ns, "--cpu=8", "--allocatable-cpu=4",
 		"--status-update-frequency=10m", "--status-report-frequency=10m")
