@@ -127,6 +127,10 @@ struct RequestIn {
     namespace: Option<String>,
     #[serde(default)]
     object: Option<serde_json::Value>,
+    /// A dry run (`kubectl create --dry-run=server`, or a client checking a binding): answered
+    /// like any other, but not counted in the ledger (the configuration says sideEffects None).
+    #[serde(default)]
+    dry_run: bool,
 }
 
 #[derive(Deserialize)]
@@ -192,6 +196,7 @@ fn decide(
     policies: &PolicySet,
     source: &dyn PlacementSource,
 ) -> Result<CapDecision, PlacementError> {
+    let dry_run = request.dry_run;
     let Some(target) = target(request, source)? else {
         return Ok(CapDecision::Allow);
     };
@@ -216,7 +221,7 @@ fn decide(
         pod_requests: &target.facts.requests,
         mirror: target.facts.mirror,
     });
-    if !matches!(decision, CapDecision::Deny(_)) {
+    if !dry_run && !matches!(decision, CapDecision::Deny(_)) {
         source.allowed(
             &target.namespace,
             &target.name,

@@ -561,3 +561,43 @@ fn concurrent_bindings_cannot_both_pass_on_the_same_sum() {
         .count();
     assert_eq!((allowed, denied), (1, 1), "{outcomes:?}");
 }
+
+/// A dry-run binding gets the real answer but reserves nothing: the binding after it is
+/// decided on the same sum (sideEffects None in the ValidatingWebhookConfiguration).
+#[test]
+fn dry_run_bindings_are_answered_but_not_counted() {
+    let (mut source, policies) = fake("Enforce");
+    // worker-1 holds 3.5 of a cap of 4.4: one 0.6 fits, two do not.
+    for name in ["default/x", "default/y"] {
+        source.pods.insert(
+            name.to_string(),
+            PodFacts {
+                requests: units(&[("cpu", 600)]),
+                mirror: false,
+            },
+        );
+    }
+    let dry = |pod: &str| -> Vec<u8> {
+        let mut review: Value =
+            serde_json::from_slice(&binding(pod, "worker-1")).unwrap_or_default();
+        review["request"]["dryRun"] = json!(true);
+        review.to_string().into_bytes()
+    };
+    let outcome = |body: &[u8]| handle(body, &policies, &source);
+    assert_eq!(outcome(&dry("x")).outcome, CapOutcome::Allowed);
+    assert_eq!(outcome(&dry("web-1")).outcome, CapOutcome::Denied);
+    // Had x's dry run been counted, y would reach 4.7.
+    assert_eq!(
+        outcome(&binding("y", "worker-1")).outcome,
+        CapOutcome::Allowed
+    );
+    let after = outcome(&binding("x", "worker-1"));
+    assert_eq!(after.outcome, CapOutcome::Denied);
+    assert_eq!(
+        after.message.as_deref(),
+        Some(
+            "node worker-1: cpu requests would reach 4.7 of a cap of 4.4 (110% of 4); pod x \
+             asks 0.6"
+        )
+    );
+}
