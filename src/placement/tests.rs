@@ -492,6 +492,19 @@ fn node_facts_read_raw_allocatable() {
     }
 }
 
+/// Pending pods asking `cpu` millicores each.
+fn add_pods(fake: &mut Fake, names: &[&str], cpu: u128) {
+    for name in names {
+        fake.pods.insert(
+            name.to_string(),
+            PodFacts {
+                requests: units(&[("cpu", cpu)]),
+                mirror: false,
+            },
+        );
+    }
+}
+
 /// A source whose `requested` reads the node's sum, then waits (up to 300 ms) until a second
 /// review has read it too: without one decision at a time, both decide on the same sum.
 struct Rendezvous<'a> {
@@ -527,15 +540,7 @@ impl PlacementSource for Rendezvous<'_> {
 fn concurrent_bindings_cannot_both_pass_on_the_same_sum() {
     let (mut fake, policies) = fake("Enforce");
     // worker-1 holds 3.5 of a cap of 4.4: 0.6 fits, 0.6 + 0.6 does not.
-    for name in ["default/a", "default/b"] {
-        fake.pods.insert(
-            name.to_string(),
-            PodFacts {
-                requests: units(&[("cpu", 600)]),
-                mirror: false,
-            },
-        );
-    }
+    add_pods(&mut fake, &["default/a", "default/b"], 600);
     let source = Rendezvous {
         inner: &fake,
         arrived: std::sync::atomic::AtomicUsize::new(0),
@@ -568,15 +573,7 @@ fn concurrent_bindings_cannot_both_pass_on_the_same_sum() {
 fn dry_run_bindings_are_answered_but_not_counted() {
     let (mut source, policies) = fake("Enforce");
     // worker-1 holds 3.5 of a cap of 4.4: one 0.6 fits, two do not.
-    for name in ["default/x", "default/y"] {
-        source.pods.insert(
-            name.to_string(),
-            PodFacts {
-                requests: units(&[("cpu", 600)]),
-                mirror: false,
-            },
-        );
-    }
+    add_pods(&mut source, &["default/x", "default/y"], 600);
     let dry = |pod: &str| -> Vec<u8> {
         let mut review: Value =
             serde_json::from_slice(&binding(pod, "worker-1")).unwrap_or_default();
