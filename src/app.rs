@@ -207,7 +207,7 @@ async fn start(
     ));
     let probes = tokio::spawn(probe_serve);
     let server = tokio::spawn(server.run(shared.shutdown.clone()));
-    let leader = start_leader(&args.leader, shared, resolver).await?;
+    let leader = start_leader(&args.leader, args.request_cap, shared, resolver).await?;
     Ok(Running {
         not_shutting_down,
         server,
@@ -307,12 +307,14 @@ async fn start_policy_source(
 /// The leader part; its readiness gate becomes the `certificate-trusted` condition.
 async fn start_leader(
     args: &LeaderArgs,
+    request_cap: bool,
     shared: &Shared,
     served: Arc<CertResolver>,
 ) -> anyhow::Result<Option<leader::Running>> {
     let context = leader::ServeContext {
         metrics: shared.metrics.clone(),
         namespace: shared.namespace.clone(),
+        request_cap,
         shutdown: shared.shutdown.clone(),
         served,
     };

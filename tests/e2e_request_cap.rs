@@ -4,15 +4,17 @@
 //! next would pass 4.4, which is denied with the rule's message; in Warn mode it is allowed and
 //! the message comes back as a warning.
 //!
-//! The ValidatingWebhookConfiguration is created by the test (the leader does not keep one
-//! yet). Needs the local control plane, so it is ignored for `cargo test` and run with
-//! `--ignored` (it builds kcp through tests/cluster/kcp.sh if needed).
+//! The replica runs as a whole installation would: it leads, bootstraps the CA and the serving
+//! Secret (mirrored into its TLS directory the way the kubelet mounts it), is a backend of the
+//! Service kube-overcommit/kube-overcommit, and keeps the ValidatingWebhookConfiguration the API
+//! server calls (`--request-cap`): no configuration is made by hand. Needs the local control
+//! plane, so it is ignored for `cargo test` and run with `--ignored` (it builds kcp through
+//! tests/cluster/kcp.sh if needed).
 
 mod common;
 
 use std::time::Duration;
 
-use base64::Engine as _;
 use common::*;
 use kube::CustomResourceExt;
 use overcommit_core::policy::OvercommitPolicy;
@@ -69,8 +71,6 @@ fn bind(cp: &ControlPlane, name: &str, node: &str) -> (bool, String) {
 #[ignore = "e2e: needs the local control plane; run with --ignored"]
 async fn request_cap_on_the_real_api_server() {
     let cp = ControlPlane::up();
-    let pki = Pki::new();
-    let leaf = pki.leaf("cap");
     let kubeconfig = cp.kubeconfig();
     let crd = serde_json::to_string(&OvercommitPolicy::crd()).expect("crd json");
     let (ok, out) = cp.apply(&crd);
@@ -94,34 +94,75 @@ async fn request_cap_on_the_real_api_server() {
     let (ok, out) = cp.kubectl(&["create", "-f", "-"], Some(node));
     assert!(ok, "node: {out}");
 
+    // The installation: its namespace, one replica that leads (a short Lease, so a leftover
+    // of nothing is waited for briefly), the serving Secret mirrored into its TLS directory,
+    // and the replica behind the Service while its /readyz says so.
+    let (ok, out) = cp.kubectl(&["create", "namespace", "kube-overcommit"], None);
+    assert!(ok, "namespace: {out}");
     let w = Webhook::start_opts(
-        Some(&leaf),
+        None,
         false,
-        &["--leader-election", "false", "--request-cap"],
+        &[
+            "--leader-election",
+            "true",
+            "--request-cap",
+            "--identity",
+            "cap-0",
+            "--lease-ttl",
+            "4s",
+            "--lease-renew",
+            "1s",
+            "--check-interval",
+            "1s",
+            "--cert-reload-interval",
+            "1s",
+        ],
         &[("KUBECONFIG", kubeconfig.as_str())],
     );
-    w.wait_ready().await;
-    let ca = base64::engine::general_purpose::STANDARD.encode(pki.ca_pem());
-    let vwc = format!(
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\n\
-         metadata: {{name: kube-overcommit-cap-test}}\nwebhooks:\n- name: cap.overcommit.dev\n  \
-         admissionReviewVersions: [v1]\n  sideEffects: None\n  failurePolicy: Ignore\n  timeoutSeconds: 5\n  \
-         clientConfig: {{url: \"https://127.0.0.1:{}/validate\", caBundle: {ca}}}\n  \
-         rules:\n  - {{apiGroups: [\"\"], apiVersions: [v1], operations: [CREATE], resources: [pods, pods/binding, bindings]}}\n",
-        w.webhook.port()
+    let _volume = cp.secret_volume("kube-overcommit", "kube-overcommit-tls", &w.tls_dir);
+    cp.backend_add(
+        "kube-overcommit",
+        "kube-overcommit",
+        w.webhook,
+        &format!("http://{}/readyz", w.probes),
     );
-    let (ok, out) = cp.apply(&vwc);
-    assert!(ok, "webhook configuration: {out}");
+    let ready = wait_until(Duration::from_secs(90), || async {
+        w.probe("/readyz").await.0 == 200
+    })
+    .await;
+    assert!(ready, "the replica never got ready\nlogs:\n{}", w.logs());
+    // The leader created the validating configuration, Ignore, calling /validate on the Service.
+    let (ok, out) = cp.kubectl(
+        &[
+            "get",
+            "validatingwebhookconfiguration",
+            "kube-overcommit",
+            "-o",
+            "jsonpath={range .webhooks[*]}{.name} {.failurePolicy} {.clientConfig.service.path}{\"\\n\"}{end}",
+        ],
+        None,
+    );
+    assert!(ok, "validating configuration: {out}");
+    assert_eq!(
+        out.trim(),
+        "bindings.cap.overcommit.dev Ignore /validate\nplaced-pods.cap.overcommit.dev Ignore /validate"
+    );
 
-    // The default service account and the webhook's caches come up asynchronously: wait until
-    // a pod larger than the cap on its own is refused by the webhook.
+    // The default service account, the API server's view of the configuration and the
+    // webhook's caches come up asynchronously: wait until a pod larger than the cap on its own
+    // is refused by the webhook.
     let refused = wait_until(Duration::from_secs(90), || async {
         let (ok, out) = cp.kubectl(
             &["create", "-f", "-"],
             Some(&pod("probe", Some("capped-1"), "5")),
         );
         if ok {
-            let _ = cp.kubectl(&["delete", "pod", "probe", "--wait=false"], None);
+            // Admitted before the webhook was called: removed at once (no kubelet would
+            // confirm a graceful deletion, and a terminating pod still counts on its node).
+            let _ = cp.kubectl(
+                &["delete", "pod", "probe", "--grace-period=0", "--force"],
+                None,
+            );
         }
         !ok && out
             .contains("cpu requests would reach 5 of a cap of 4.4 (110% of 4); pod probe asks 5")

@@ -9,10 +9,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
@@ -23,7 +27,7 @@ use super::metrics::LeaderMetrics;
 use super::replicas;
 use super::rotation::{self, Action, CaState, Forced, LeafState, Observed, Phase};
 use super::store::{self, CaContents, CaMaterial};
-use super::webhook_config::{self, WebhookSettings};
+use super::webhook_config::{self, ValidatingUpkeep, WebhookSettings};
 
 /// Why a step of the loop failed (it is retried at the next tick).
 #[derive(Debug, thiserror::Error)]
@@ -68,8 +72,12 @@ pub struct Controller {
     metrics: LeaderMetrics,
     secrets: Api<Secret>,
     configs: Api<MutatingWebhookConfiguration>,
+    validating: Api<ValidatingWebhookConfiguration>,
     leases: Api<Lease>,
     dns_names: Vec<String>,
+    /// With `--request-cap` off: a validating configuration left by an earlier run with it on
+    /// was looked for (once per term as leader).
+    stale_validating_checked: AtomicBool,
 }
 
 fn now() -> Timestamp {
@@ -86,8 +94,10 @@ impl Controller {
         Self {
             secrets: Api::namespaced(client.clone(), &s.namespace),
             leases: Api::namespaced(client.clone(), &s.namespace),
+            validating: Api::all(client.clone()),
             configs: Api::all(client),
             dns_names: certs::service_dns_names(&s.service_name, &s.namespace),
+            stale_validating_checked: AtomicBool::new(false),
             s,
             claim,
             metrics,
@@ -132,8 +142,12 @@ impl Controller {
         let mut out = Vec::new();
         let cfg = watcher::Config::default()
             .fields(&format!("metadata.name={}", self.s.webhook.config_name));
-        let stream = watcher(self.configs.clone(), cfg).default_backoff();
+        let stream = watcher(self.configs.clone(), cfg.clone()).default_backoff();
         out.push(tokio::spawn(notify_on(stream, wake.clone())));
+        if self.s.webhook.request_cap {
+            let stream = watcher(self.validating.clone(), cfg).default_backoff();
+            out.push(tokio::spawn(notify_on(stream, wake.clone())));
+        }
         for name in [&self.s.ca_secret, &self.s.serving_secret] {
             let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
             let stream = watcher(self.secrets.clone(), cfg).default_backoff();
@@ -151,6 +165,7 @@ impl Controller {
             let ca = store::read_ca(ca_secret.as_ref());
             let (leaf, forced) = store::read_serving(serving.as_ref());
             let live_bundle = self.upkeep_config(&ca).await?;
+            let live_bundle = self.upkeep_validating(&ca, live_bundle).await?;
             let at = now();
             let reports =
                 replicas::fresh_reports(&self.leases, &self.s.lease_name, at, true).await?;
@@ -187,13 +202,10 @@ impl Controller {
         ca: &CaMaterial,
     ) -> Result<Option<Vec<Fingerprint>>, ControllerError> {
         let actual = self.configs.get_opt(&self.s.webhook.config_name).await?;
-        let trusted: Vec<&CertInfo> = match &ca.state {
-            CaState::Present { current, next, .. } => {
-                std::iter::once(current).chain(next.iter()).collect()
-            }
-            _ => return Ok(actual.as_ref().map(bundle_fingerprints)),
+        let Some(trusted) = trusted_pem(ca) else {
+            return Ok(actual.as_ref().map(bundle_fingerprints));
         };
-        let want = webhook_config::desired(&self.s.webhook, certs::bundle_pem(&trusted).as_bytes());
+        let want = webhook_config::desired(&self.s.webhook, trusted.as_bytes());
         let written = match actual {
             None => {
                 self.claim.check()?;
@@ -221,6 +233,100 @@ impl Controller {
             }
         };
         Ok(Some(bundle_fingerprints(&written)))
+    }
+
+    /// The validating configuration of the placement cap, kept after the mutating one from the
+    /// same trusted CAs (so a rotation publishes a new CA in both, and drops the old one from
+    /// both, in that order). Returns the live bundle the rotation may rely on: with the cap on,
+    /// the CAs in both caBundles, so that the next CA is only used once both trust it
+    /// (design.md 3.3). A failure here is logged and retried at the next tick without holding
+    /// up the rest of the loop (leaf renewals go on; only a CA switch waits for it).
+    async fn upkeep_validating(
+        &self,
+        ca: &CaMaterial,
+        mutating: Option<Vec<Fingerprint>>,
+    ) -> Result<Option<Vec<Fingerprint>>, NotLeader> {
+        let cap = self.s.webhook.request_cap;
+        if !cap && self.stale_validating_checked.load(Ordering::Relaxed) {
+            return Ok(mutating);
+        }
+        match self.keep_validating(ca).await {
+            Ok(validating) if cap => Ok(webhook_config::trusted_by_both(mutating, validating)),
+            Ok(_) => {
+                self.stale_validating_checked.store(true, Ordering::Relaxed);
+                Ok(mutating)
+            }
+            Err(ControllerError::NotLeader(e)) => Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, request_cap = cap, "could not keep the validating webhook configuration; retrying");
+                Ok(if cap { None } else { mutating })
+            }
+        }
+    }
+
+    /// Create, repair or (cap off, ours) delete the validating configuration; returns the
+    /// fingerprints in its caBundle as it now stands (None: it does not exist).
+    async fn keep_validating(
+        &self,
+        ca: &CaMaterial,
+    ) -> Result<Option<Vec<Fingerprint>>, ControllerError> {
+        let name = self.s.webhook.config_name.clone();
+        let actual = self.validating.get_opt(&name).await?;
+        let want = match trusted_pem(ca) {
+            Some(pem) => webhook_config::desired_validating(&self.s.webhook, pem.as_bytes()),
+            // No usable CA yet: nothing to build it from; the CA comes first.
+            None if self.s.webhook.request_cap => {
+                return Ok(actual.as_ref().map(validating_fingerprints));
+            }
+            None => None,
+        };
+        let object = "validating-webhook-configuration";
+        let written = match webhook_config::validating_upkeep(want.as_ref(), actual.as_ref()) {
+            ValidatingUpkeep::Keep => actual,
+            ValidatingUpkeep::Create => {
+                let Some(want) = want else { return Ok(None) };
+                self.claim.check()?;
+                let created = self
+                    .validating
+                    .create(&PostParams::default(), &want)
+                    .await?;
+                tracing::info!(%name, "created the validating webhook configuration (--request-cap)");
+                self.metrics.repair(object, "created");
+                Some(created)
+            }
+            ValidatingUpkeep::Repair(drifted) => {
+                let (Some(want), Some(actual)) = (want, actual) else {
+                    return Ok(None);
+                };
+                self.claim.check()?;
+                let repaired = webhook_config::repaired_validating(&actual, &want);
+                let out = self
+                    .validating
+                    .replace(&name, &PostParams::default(), &repaired)
+                    .await?;
+                tracing::info!(%name, fields = ?drifted, "repaired the validating webhook configuration");
+                self.metrics.repair(object, "repaired");
+                Some(out)
+            }
+            ValidatingUpkeep::Delete => {
+                let Some(actual) = actual else {
+                    return Ok(None);
+                };
+                self.claim.check()?;
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        resource_version: actual.metadata.resource_version.clone(),
+                        uid: actual.metadata.uid.clone(),
+                    }),
+                    ..DeleteParams::default()
+                };
+                self.validating.delete(&name, &params).await?;
+                tracing::info!(%name, "deleted the validating webhook configuration (--request-cap is off)");
+                self.metrics.repair(object, "deleted");
+                None
+            }
+        };
+        Ok(written.as_ref().map(validating_fingerprints))
     }
 
     async fn write_secret(
@@ -471,11 +577,29 @@ impl Step<'_> {
     }
 }
 
-fn bundle_fingerprints(cfg: &MutatingWebhookConfiguration) -> Vec<Fingerprint> {
-    webhook_config::live_ca_bundle(cfg)
-        .and_then(|pem| certs::parse_pem_bundle(&pem).ok())
+/// The PEM bundle of the CAs to trust now (None: no usable CA).
+fn trusted_pem(ca: &CaMaterial) -> Option<String> {
+    match &ca.state {
+        CaState::Present { current, next, .. } => {
+            let trusted: Vec<&CertInfo> = std::iter::once(current).chain(next.iter()).collect();
+            Some(certs::bundle_pem(&trusted))
+        }
+        _ => None,
+    }
+}
+
+fn fingerprints_of(pem: Option<Vec<u8>>) -> Vec<Fingerprint> {
+    pem.and_then(|pem| certs::parse_pem_bundle(&pem).ok())
         .map(|certs| certs.iter().map(|c| c.fingerprint).collect())
         .unwrap_or_default()
+}
+
+fn bundle_fingerprints(cfg: &MutatingWebhookConfiguration) -> Vec<Fingerprint> {
+    fingerprints_of(webhook_config::live_ca_bundle(cfg))
+}
+
+fn validating_fingerprints(cfg: &ValidatingWebhookConfiguration) -> Vec<Fingerprint> {
+    fingerprints_of(webhook_config::live_validating_ca_bundle(cfg))
 }
 
 async fn notify_on<S, T, E>(stream: S, wake: Arc<Notify>)

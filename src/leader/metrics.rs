@@ -20,9 +20,11 @@ pub struct RotationLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RepairLabels {
-    /// `webhook-configuration`, `ca-secret` or `serving-secret`.
+    /// `webhook-configuration`, `validating-webhook-configuration` (`--request-cap`),
+    /// `ca-secret` or `serving-secret`.
     pub object: String,
-    /// `created` or `repaired`.
+    /// `created`, `repaired` or (the validating configuration, once `--request-cap` is off)
+    /// `deleted`.
     pub action: String,
 }
 

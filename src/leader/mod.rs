@@ -78,6 +78,10 @@ pub struct LeaderArgs {
     /// (KUBE_OVERCOMMIT_NAMESPACE, else POD_NAMESPACE), set by `serve` before `start`.
     #[arg(skip = String::from("kube-overcommit"))]
     pub namespace: String,
+    /// `serve --request-cap`, set by `serve` before `start`: the leader then also keeps the
+    /// ValidatingWebhookConfiguration of the placement cap (same name as the mutating one).
+    #[arg(skip)]
+    pub request_cap: bool,
     /// Name of the Service the API server calls.
     #[arg(
         long,
@@ -208,6 +212,7 @@ impl LeaderArgs {
             namespace: self.namespace.clone(),
             service_name: self.service_name.clone(),
             timeout_seconds: self.webhook_timeout_seconds,
+            request_cap: self.request_cap,
         }
     }
 }
@@ -448,6 +453,8 @@ pub struct ServeContext {
     pub metrics: Arc<Metrics>,
     /// The webhook's own namespace: that of its Service, Secrets and Leases.
     pub namespace: String,
+    /// `serve --request-cap`: keep the validating configuration of the cap too.
+    pub request_cap: bool,
     pub shutdown: Signal,
     /// The leaf this replica serves, for the readiness gate and the replica report.
     pub served: Arc<dyn ServedCertificate>,
@@ -474,6 +481,7 @@ pub async fn start_in_serve(
     };
     let mut args = args.clone();
     args.namespace = context.namespace;
+    args.request_cap = context.request_cap;
     let metrics = context.metrics.with_registry(LeaderMetrics::new);
     start(
         client,

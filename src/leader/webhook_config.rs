@@ -19,11 +19,25 @@
 //! fields to what `desired` writes: a change here needs the same change there.
 //!
 //! Both fail open (`failurePolicy: Ignore`) with a short timeout: heartbeats are never blocked.
+//!
+//! With `serve --request-cap`, a ValidatingWebhookConfiguration of the same name for the
+//! placement cap (`/validate`), kept the same way (`desired_validating`, `validating_drift`):
+//! - `bindings.cap.overcommit.dev`: CREATE pods/binding and CREATE bindings (the namespace's
+//!   older endpoint), the two ways a pod is bound to a node. The object of such a review is a
+//!   Binding (no labels, no pod spec), so there is no object selector or match condition.
+//! - `placed-pods.cap.overcommit.dev`: CREATE pods, but only those created with `spec.nodeName`
+//!   set (a match condition): an ordinary pod create, left to the scheduler, never reaches the
+//!   webhook; nor do mirror pods (the kubelet's copies of static pods that already run).
+//!
+//! Neither sees kube-system or the webhook's own namespace (namespaceSelector, design.md 3.1):
+//! their pods are never refused by the cap (their requests still count in a node's sum: the pod
+//! index watches every pod). Both fail open (`Ignore`) with the same timeout: an outage of the
+//! webhook never blocks a binding, it only lets it through uncapped.
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
-    ServiceReference, WebhookClientConfig,
+    ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
@@ -31,6 +45,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use serde_json::{Value, json};
 
 use overcommit_core::policy::POD_DEFAULTS_NAMESPACE_LABEL;
+
+use crate::webhook::VALIDATE_PATH;
 
 /// Label that opts an object out.
 pub const DISABLED_LABEL: &str = "overcommit.dev/disabled";
@@ -48,6 +64,15 @@ pub const PODS_CONDITION: (&str, &str) = (
     "not-a-mirror-pod",
     "!has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)",
 );
+/// Name of the cap's webhook for bindings (pods/binding, bindings).
+pub const BINDINGS_CAP_WEBHOOK: &str = "bindings.cap.overcommit.dev";
+/// Name of the cap's webhook for pods created with spec.nodeName.
+pub const PLACED_PODS_CAP_WEBHOOK: &str = "placed-pods.cap.overcommit.dev";
+/// Match condition of the placed-pods webhook: only pods that name their node.
+pub const PLACED_POD_CONDITION: (&str, &str) = (
+    "node-name-set",
+    "has(object.spec.nodeName) && object.spec.nodeName != ''",
+);
 /// Label on objects the leader manages.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kube-overcommit");
 
@@ -58,6 +83,8 @@ pub struct WebhookSettings {
     pub namespace: String,
     pub service_name: String,
     pub timeout_seconds: i32,
+    /// Keep the ValidatingWebhookConfiguration of the placement cap (`serve --request-cap`).
+    pub request_cap: bool,
 }
 
 fn rule(operation: &str, resource: &str, scope: &str) -> RuleWithOperations {
@@ -76,6 +103,16 @@ fn webhook(
     ca_bundle: &[u8],
     condition: (&str, &str),
 ) -> MutatingWebhook {
+    webhook_at(s, name, "/mutate", ca_bundle, &[condition])
+}
+
+fn webhook_at(
+    s: &WebhookSettings,
+    name: &str,
+    path: &str,
+    ca_bundle: &[u8],
+    conditions: &[(&str, &str)],
+) -> MutatingWebhook {
     MutatingWebhook {
         name: name.into(),
         admission_review_versions: vec!["v1".into()],
@@ -84,16 +121,21 @@ fn webhook(
             service: Some(ServiceReference {
                 namespace: s.namespace.clone(),
                 name: s.service_name.clone(),
-                path: Some("/mutate".into()),
+                path: Some(path.into()),
                 port: Some(443),
             }),
             url: None,
         },
         failure_policy: Some("Ignore".into()),
-        match_conditions: Some(vec![MatchCondition {
-            name: condition.0.into(),
-            expression: condition.1.into(),
-        }]),
+        match_conditions: Some(
+            conditions
+                .iter()
+                .map(|(name, expression)| MatchCondition {
+                    name: (*name).into(),
+                    expression: (*expression).into(),
+                })
+                .collect(),
+        ),
         match_policy: Some("Equivalent".into()),
         reinvocation_policy: Some("Never".into()),
         side_effects: "None".into(),
@@ -111,19 +153,11 @@ pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfigur
     ]);
     let mut pods = webhook(s, PODS_WEBHOOK, ca_bundle, PODS_CONDITION);
     pods.rules = Some(vec![rule("CREATE", "pods", "Namespaced")]);
-    let mut excluded = vec!["kube-system".to_string()];
-    if s.namespace != "kube-system" {
-        excluded.push(s.namespace.clone());
-    }
     // Only namespaces that opted in (docs/policy.md: an AdmissionReview does not carry the
     // namespace's labels, so this choice is the API server's).
     pods.namespace_selector = Some(LabelSelector {
         match_expressions: Some(vec![
-            LabelSelectorRequirement {
-                key: "kubernetes.io/metadata.name".into(),
-                operator: "NotIn".into(),
-                values: Some(excluded),
-            },
+            not_system_namespaces(s),
             LabelSelectorRequirement {
                 key: POD_DEFAULTS_NAMESPACE_LABEL.into(),
                 operator: "In".into(),
@@ -148,6 +182,187 @@ pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfigur
         },
         webhooks: Some(vec![nodes, pods]),
     }
+}
+
+/// Never kube-system or the webhook's own namespace (design.md 3.1).
+fn not_system_namespaces(s: &WebhookSettings) -> LabelSelectorRequirement {
+    let mut excluded = vec!["kube-system".to_string()];
+    if s.namespace != "kube-system" {
+        excluded.push(s.namespace.clone());
+    }
+    LabelSelectorRequirement {
+        key: "kubernetes.io/metadata.name".into(),
+        operator: "NotIn".into(),
+        values: Some(excluded),
+    }
+}
+
+/// A validating webhook from the shared builder (the fields a validating webhook has).
+fn validating(w: MutatingWebhook) -> ValidatingWebhook {
+    ValidatingWebhook {
+        name: w.name,
+        admission_review_versions: w.admission_review_versions,
+        client_config: w.client_config,
+        failure_policy: w.failure_policy,
+        match_conditions: w.match_conditions,
+        match_policy: w.match_policy,
+        namespace_selector: w.namespace_selector,
+        object_selector: w.object_selector,
+        rules: w.rules,
+        side_effects: w.side_effects,
+        timeout_seconds: w.timeout_seconds,
+    }
+}
+
+/// The owned fields of a validating webhook, as a mutating one (reinvocationPolicy unset, which
+/// the view reads as its default), so that one view serves both kinds.
+fn as_mutating(w: &ValidatingWebhook) -> MutatingWebhook {
+    MutatingWebhook {
+        name: w.name.clone(),
+        admission_review_versions: w.admission_review_versions.clone(),
+        client_config: w.client_config.clone(),
+        failure_policy: w.failure_policy.clone(),
+        match_conditions: w.match_conditions.clone(),
+        match_policy: w.match_policy.clone(),
+        namespace_selector: w.namespace_selector.clone(),
+        object_selector: w.object_selector.clone(),
+        rules: w.rules.clone(),
+        side_effects: w.side_effects.clone(),
+        timeout_seconds: w.timeout_seconds,
+        reinvocation_policy: None,
+    }
+}
+
+/// The ValidatingWebhookConfiguration of the placement cap as it must be; None without
+/// `--request-cap` (then the leader removes the one it kept, if any).
+pub fn desired_validating(
+    s: &WebhookSettings,
+    ca_bundle: &[u8],
+) -> Option<ValidatingWebhookConfiguration> {
+    if !s.request_cap {
+        return None;
+    }
+    let namespaces = Some(LabelSelector {
+        match_expressions: Some(vec![not_system_namespaces(s)]),
+        match_labels: None,
+    });
+    let mut bindings = webhook_at(s, BINDINGS_CAP_WEBHOOK, VALIDATE_PATH, ca_bundle, &[]);
+    bindings.match_conditions = None;
+    bindings.rules = Some(vec![
+        rule("CREATE", "pods/binding", "Namespaced"),
+        rule("CREATE", "bindings", "Namespaced"),
+    ]);
+    bindings.namespace_selector = namespaces.clone();
+    let mut placed = webhook_at(
+        s,
+        PLACED_PODS_CAP_WEBHOOK,
+        VALIDATE_PATH,
+        ca_bundle,
+        &[PLACED_POD_CONDITION, PODS_CONDITION],
+    );
+    placed.rules = Some(vec![rule("CREATE", "pods", "Namespaced")]);
+    placed.namespace_selector = namespaces;
+    Some(ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(s.config_name.clone()),
+            labels: Some([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())].into()),
+            ..Default::default()
+        },
+        webhooks: Some(vec![validating(bindings), validating(placed)]),
+    })
+}
+
+/// The owned fields of the validating configuration that differ (empty: no drift).
+pub fn validating_drift(
+    actual: &ValidatingWebhookConfiguration,
+    want: &ValidatingWebhookConfiguration,
+) -> Vec<String> {
+    let view = |c: &ValidatingWebhookConfiguration| -> Vec<MutatingWebhook> {
+        c.webhooks.iter().flatten().map(as_mutating).collect()
+    };
+    drift_of(&view(actual), &view(want))
+}
+
+/// The repaired validating configuration (as `repaired`).
+pub fn repaired_validating(
+    actual: &ValidatingWebhookConfiguration,
+    want: &ValidatingWebhookConfiguration,
+) -> ValidatingWebhookConfiguration {
+    let mut out = actual.clone();
+    out.webhooks = want.webhooks.clone();
+    mark_managed(&mut out.metadata);
+    out
+}
+
+/// The CA bundle bytes of the live validating configuration (its webhooks' are kept equal).
+pub fn live_validating_ca_bundle(actual: &ValidatingWebhookConfiguration) -> Option<Vec<u8>> {
+    first_ca_bundle(actual.webhooks.iter().flatten().map(|w| &w.client_config))
+}
+
+fn first_ca_bundle<'a>(
+    mut configs: impl Iterator<Item = &'a WebhookClientConfig>,
+) -> Option<Vec<u8>> {
+    configs.find_map(|c| c.ca_bundle.as_ref().map(|b| b.0.clone()))
+}
+
+fn mark_managed(meta: &mut ObjectMeta) {
+    let labels = meta.labels.get_or_insert_with(Default::default);
+    labels.insert(MANAGED_BY.0.into(), MANAGED_BY.1.into());
+}
+
+/// What the leader does with the validating configuration, from what it wants and what is live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValidatingUpkeep {
+    /// Nothing to write.
+    Keep,
+    Create,
+    /// Replace the live one; the drifted fields, for the log.
+    Repair(Vec<String>),
+    /// `--request-cap` is off and the live one is ours (managed-by label): delete it.
+    Delete,
+}
+
+/// The pure decision of the validating configuration's upkeep. A configuration of that name
+/// without our managed-by label is left alone when the cap is off (someone else's).
+pub fn validating_upkeep(
+    want: Option<&ValidatingWebhookConfiguration>,
+    actual: Option<&ValidatingWebhookConfiguration>,
+) -> ValidatingUpkeep {
+    match (want, actual) {
+        (Some(_), None) => ValidatingUpkeep::Create,
+        (Some(want), Some(actual)) => {
+            let drifted = validating_drift(actual, want);
+            if drifted.is_empty() {
+                ValidatingUpkeep::Keep
+            } else {
+                ValidatingUpkeep::Repair(drifted)
+            }
+        }
+        (None, Some(actual)) if is_managed(&actual.metadata) => ValidatingUpkeep::Delete,
+        (None, _) => ValidatingUpkeep::Keep,
+    }
+}
+
+/// The CAs both configurations trust, in the mutating one's order (None when either is
+/// missing): what a CA rotation may rely on while both are kept.
+pub fn trusted_by_both<T: PartialEq>(
+    mutating: Option<Vec<T>>,
+    validating: Option<Vec<T>>,
+) -> Option<Vec<T>> {
+    let (mutating, validating) = (mutating?, validating?);
+    Some(
+        mutating
+            .into_iter()
+            .filter(|fp| validating.contains(fp))
+            .collect(),
+    )
+}
+
+fn is_managed(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY.0))
+        .is_some_and(|v| v == MANAGED_BY.1)
 }
 
 fn selector_view(sel: &Option<LabelSelector>) -> Value {
@@ -218,8 +433,15 @@ pub fn drift(
     actual: &MutatingWebhookConfiguration,
     want: &MutatingWebhookConfiguration,
 ) -> Vec<String> {
-    let a = owned_view(actual.webhooks.as_deref().unwrap_or_default());
-    let w = owned_view(want.webhooks.as_deref().unwrap_or_default());
+    drift_of(
+        actual.webhooks.as_deref().unwrap_or_default(),
+        want.webhooks.as_deref().unwrap_or_default(),
+    )
+}
+
+fn drift_of(actual: &[MutatingWebhook], want: &[MutatingWebhook]) -> Vec<String> {
+    let a = owned_view(actual);
+    let w = owned_view(want);
     let (Value::Array(a), Value::Array(w)) = (a, w) else {
         return vec!["webhooks".into()];
     };
@@ -249,18 +471,13 @@ pub fn repaired(
 ) -> MutatingWebhookConfiguration {
     let mut out = actual.clone();
     out.webhooks = want.webhooks.clone();
-    let labels = out.metadata.labels.get_or_insert_with(Default::default);
-    labels.insert(MANAGED_BY.0.into(), MANAGED_BY.1.into());
+    mark_managed(&mut out.metadata);
     out
 }
 
 /// The CA bundle bytes of the live configuration (the first webhook's; they are kept equal).
 pub fn live_ca_bundle(actual: &MutatingWebhookConfiguration) -> Option<Vec<u8>> {
-    actual
-        .webhooks
-        .as_ref()?
-        .iter()
-        .find_map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()))
+    first_ca_bundle(actual.webhooks.iter().flatten().map(|w| &w.client_config))
 }
 
 /// True when a validated timeout is allowed by the API server and by design.md 3.1.
@@ -284,7 +501,199 @@ mod tests {
             namespace: "kube-overcommit".into(),
             service_name: "kube-overcommit".into(),
             timeout_seconds: 2,
+            request_cap: false,
         }
+    }
+
+    fn cap_settings() -> WebhookSettings {
+        WebhookSettings {
+            request_cap: true,
+            ..settings()
+        }
+    }
+
+    fn rules_of(w: &ValidatingWebhook) -> Vec<String> {
+        w.rules
+            .iter()
+            .flatten()
+            .map(|r| {
+                format!(
+                    "{} {}",
+                    r.operations.clone().unwrap_or_default().join(","),
+                    r.resources.clone().unwrap_or_default().join(",")
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn desired_validating_shape() {
+        assert_eq!(desired_validating(&settings(), b"CA"), None, "off");
+        let cfg = desired_validating(&cap_settings(), b"CA").unwrap();
+        assert_eq!(cfg.metadata.name.as_deref(), Some("kube-overcommit"));
+        assert!(is_managed(&cfg.metadata));
+        let hooks = cfg.webhooks.unwrap();
+        let names: Vec<&str> = hooks.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, [BINDINGS_CAP_WEBHOOK, PLACED_PODS_CAP_WEBHOOK]);
+        for h in &hooks {
+            assert_eq!(h.failure_policy.as_deref(), Some("Ignore"));
+            assert_eq!(h.timeout_seconds, Some(2));
+            assert_eq!(h.side_effects, "None");
+            assert_eq!(h.admission_review_versions, vec!["v1"]);
+            assert_eq!(
+                h.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()),
+                Some(&b"CA"[..])
+            );
+            let svc = h.client_config.service.as_ref().unwrap();
+            assert_eq!(
+                (svc.name.as_str(), svc.namespace.as_str()),
+                ("kube-overcommit", "kube-overcommit")
+            );
+            assert_eq!(
+                (svc.path.as_deref(), svc.port),
+                (Some("/validate"), Some(443))
+            );
+            let ns = h.namespace_selector.as_ref().unwrap();
+            let ns = ns.match_expressions.as_ref().unwrap();
+            assert_eq!(
+                ns.len(),
+                1,
+                "never kube-system or its own namespace, nothing else"
+            );
+            assert_eq!(
+                (ns[0].key.as_str(), ns[0].operator.as_str()),
+                ("kubernetes.io/metadata.name", "NotIn")
+            );
+            assert_eq!(
+                ns[0].values.as_ref().unwrap(),
+                &vec!["kube-system".to_string(), "kube-overcommit".to_string()]
+            );
+            assert!(h.object_selector.is_none());
+        }
+        assert_eq!(
+            rules_of(&hooks[0]),
+            ["CREATE pods/binding", "CREATE bindings"]
+        );
+        assert!(hooks[0].match_conditions.is_none(), "a Binding has no spec");
+        assert_eq!(rules_of(&hooks[1]), ["CREATE pods"]);
+        let conditions: Vec<(String, String)> = hooks[1]
+            .match_conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.name.clone(), c.expression.clone()))
+            .collect();
+        assert_eq!(
+            conditions,
+            [PLACED_POD_CONDITION, PODS_CONDITION].map(|(n, e)| (n.to_string(), e.to_string()))
+        );
+    }
+
+    #[test]
+    fn trusted_by_both_table() {
+        type Bundle = Option<Vec<u8>>;
+        let cases: [(Bundle, Bundle, Bundle); 6] = [
+            (Some(vec![1]), Some(vec![1]), Some(vec![1])),
+            // Published in the mutating one only: not live yet.
+            (Some(vec![1, 2]), Some(vec![1]), Some(vec![1])),
+            (Some(vec![1]), Some(vec![1, 2]), Some(vec![1])),
+            (Some(vec![1, 2]), Some(vec![2, 1]), Some(vec![1, 2])),
+            (Some(vec![1]), None, None),
+            (None, Some(vec![1]), None),
+        ];
+        for (m, v, want) in cases {
+            assert_eq!(trusted_by_both(m.clone(), v.clone()), want, "{m:?} {v:?}");
+        }
+    }
+
+    #[test]
+    fn validating_upkeep_table() {
+        let want = desired_validating(&cap_settings(), b"CA").unwrap();
+        let unlabelled = {
+            let mut c = want.clone();
+            c.metadata.labels = None;
+            c
+        };
+        type Edit = fn(&mut ValidatingWebhook);
+        let edits: Vec<(&str, Edit, bool)> = vec![
+            ("unchanged", |_| {}, false),
+            (
+                "defaults filled in",
+                |w| {
+                    w.client_config.service.as_mut().unwrap().port = None;
+                    w.match_policy = None;
+                    if w.object_selector.is_none() {
+                        w.object_selector = Some(LabelSelector::default());
+                    }
+                },
+                false,
+            ),
+            (
+                "failurePolicy",
+                |w| w.failure_policy = Some("Fail".into()),
+                true,
+            ),
+            (
+                "caBundle",
+                |w| w.client_config.ca_bundle = Some(ByteString(b"garbage".to_vec())),
+                true,
+            ),
+            ("timeout", |w| w.timeout_seconds = Some(10), true),
+            ("rules", |w| w.rules = Some(vec![]), true),
+            (
+                "path",
+                |w| w.client_config.service.as_mut().unwrap().path = Some("/mutate".into()),
+                true,
+            ),
+            // (Only the placed-pods webhook has conditions.)
+            ("matchConditions", |w| w.match_conditions = None, true),
+            ("namespaceSelector", |w| w.namespace_selector = None, true),
+        ];
+        for (what, edit, drifted) in edits {
+            let mut actual = want.clone();
+            for w in actual.webhooks.as_mut().unwrap() {
+                edit(w);
+            }
+            let got = validating_upkeep(Some(&want), Some(&actual));
+            assert_eq!(
+                matches!(got, ValidatingUpkeep::Repair(_)),
+                drifted,
+                "{what}: {got:?}"
+            );
+            assert!(
+                validating_drift(&repaired_validating(&actual, &want), &want).is_empty(),
+                "{what}: repaired"
+            );
+        }
+        let mut one = want.clone();
+        one.webhooks.as_mut().unwrap().pop();
+        assert_eq!(
+            validating_upkeep(Some(&want), Some(&one)),
+            ValidatingUpkeep::Repair(vec!["webhooks".into()])
+        );
+        let cases = [
+            ("on, missing", Some(&want), None, ValidatingUpkeep::Create),
+            (
+                "on, in place",
+                Some(&want),
+                Some(&want),
+                ValidatingUpkeep::Keep,
+            ),
+            ("off, ours", None, Some(&want), ValidatingUpkeep::Delete),
+            (
+                "off, someone else's",
+                None,
+                Some(&unlabelled),
+                ValidatingUpkeep::Keep,
+            ),
+            ("off, none", None, None, ValidatingUpkeep::Keep),
+        ];
+        for (what, want, actual, expected) in cases {
+            assert_eq!(validating_upkeep(want, actual), expected, "{what}");
+        }
+        // Taking over a hand-made one of that name: repaired with our label.
+        let taken = repaired_validating(&unlabelled, &want);
+        assert!(is_managed(&taken.metadata));
+        assert_eq!(live_validating_ca_bundle(&taken), Some(b"CA".to_vec()));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod state;
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
@@ -126,6 +127,10 @@ struct RequestIn {
     namespace: Option<String>,
     #[serde(default)]
     object: Option<serde_json::Value>,
+    /// A dry run (`kubectl create --dry-run=server`, or a client checking a binding): answered
+    /// like any other, but not counted in the ledger (the configuration says sideEffects None).
+    #[serde(default)]
+    dry_run: bool,
 }
 
 #[derive(Deserialize)]
@@ -183,11 +188,15 @@ struct Target {
     facts: PodFacts,
 }
 
+/// See `decide`.
+static DECIDING: Mutex<()> = Mutex::new(());
+
 fn decide(
     request: RequestIn,
     policies: &PolicySet,
     source: &dyn PlacementSource,
 ) -> Result<CapDecision, PlacementError> {
+    let dry_run = request.dry_run;
     let Some(target) = target(request, source)? else {
         return Ok(CapDecision::Allow);
     };
@@ -197,6 +206,11 @@ fn decide(
     let Some(cap) = cap::node_cap(&policies.for_node(&node.labels)) else {
         return Ok(CapDecision::Allow);
     };
+    // One decision at a time, from reading the node's sum to recording the binding it allows:
+    // two reviews at once (the API server calls over several connections) must not both pass
+    // on the same sum. Held for the sum, the pure check and the ledger entry (microseconds),
+    // on /validate only.
+    let _one_at_a_time = DECIDING.lock().unwrap_or_else(PoisonError::into_inner);
     let requested = source.requested(&target.node, &target.namespace, &target.name);
     let decision = cap::check(&Placement {
         node: &target.node,
@@ -207,7 +221,7 @@ fn decide(
         pod_requests: &target.facts.requests,
         mirror: target.facts.mirror,
     });
-    if !matches!(decision, CapDecision::Deny(_)) {
+    if !dry_run && !matches!(decision, CapDecision::Deny(_)) {
         source.allowed(
             &target.namespace,
             &target.name,

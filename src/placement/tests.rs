@@ -491,3 +491,110 @@ fn node_facts_read_raw_allocatable() {
         assert!(node_facts(&node(bad)).is_err());
     }
 }
+
+/// Pending pods asking `cpu` millicores each.
+fn add_pods(fake: &mut Fake, names: &[&str], cpu: u128) {
+    for name in names {
+        fake.pods.insert(
+            name.to_string(),
+            PodFacts {
+                requests: units(&[("cpu", cpu)]),
+                mirror: false,
+            },
+        );
+    }
+}
+
+/// A source whose `requested` reads the node's sum, then waits (up to 300 ms) until a second
+/// review has read it too: without one decision at a time, both decide on the same sum.
+struct Rendezvous<'a> {
+    inner: &'a Fake,
+    arrived: std::sync::atomic::AtomicUsize,
+}
+
+impl PlacementSource for Rendezvous<'_> {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.inner.node(name)
+    }
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
+        self.inner.pod(namespace, name)
+    }
+    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
+        use std::sync::atomic::Ordering;
+        let sum = self.inner.requested(node, namespace, name);
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        let until = Instant::now() + Duration::from_millis(300);
+        while self.arrived.load(Ordering::SeqCst) < 2 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sum
+    }
+    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
+        self.inner.allowed(namespace, name, node, requests);
+    }
+}
+
+/// Two bindings to one node reviewed at the same moment (the API server calls a replica over
+/// several connections at once), each fitting alone but not together: exactly one is allowed.
+#[test]
+fn concurrent_bindings_cannot_both_pass_on_the_same_sum() {
+    let (mut fake, policies) = fake("Enforce");
+    // worker-1 holds 3.5 of a cap of 4.4: 0.6 fits, 0.6 + 0.6 does not.
+    add_pods(&mut fake, &["default/a", "default/b"], 600);
+    let source = Rendezvous {
+        inner: &fake,
+        arrived: std::sync::atomic::AtomicUsize::new(0),
+    };
+    let reviews = [binding("a", "worker-1"), binding("b", "worker-1")];
+    let outcomes: Vec<CapOutcome> = std::thread::scope(|s| {
+        let handles: Vec<_> = reviews
+            .iter()
+            .map(|body| s.spawn(|| handle(body, &policies, &source).outcome))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(CapOutcome::FailedOpen))
+            .collect()
+    });
+    let allowed = outcomes
+        .iter()
+        .filter(|o| **o == CapOutcome::Allowed)
+        .count();
+    let denied = outcomes
+        .iter()
+        .filter(|o| **o == CapOutcome::Denied)
+        .count();
+    assert_eq!((allowed, denied), (1, 1), "{outcomes:?}");
+}
+
+/// A dry-run binding gets the real answer but reserves nothing: the binding after it is
+/// decided on the same sum (sideEffects None in the ValidatingWebhookConfiguration).
+#[test]
+fn dry_run_bindings_are_answered_but_not_counted() {
+    let (mut source, policies) = fake("Enforce");
+    // worker-1 holds 3.5 of a cap of 4.4: one 0.6 fits, two do not.
+    add_pods(&mut source, &["default/x", "default/y"], 600);
+    let dry = |pod: &str| -> Vec<u8> {
+        let mut review: Value =
+            serde_json::from_slice(&binding(pod, "worker-1")).unwrap_or_default();
+        review["request"]["dryRun"] = json!(true);
+        review.to_string().into_bytes()
+    };
+    let outcome = |body: &[u8]| handle(body, &policies, &source);
+    assert_eq!(outcome(&dry("x")).outcome, CapOutcome::Allowed);
+    assert_eq!(outcome(&dry("web-1")).outcome, CapOutcome::Denied);
+    // Had x's dry run been counted, y would reach 4.7.
+    assert_eq!(
+        outcome(&binding("y", "worker-1")).outcome,
+        CapOutcome::Allowed
+    );
+    let after = outcome(&binding("x", "worker-1"));
+    assert_eq!(after.outcome, CapOutcome::Denied);
+    assert_eq!(
+        after.message.as_deref(),
+        Some(
+            "node worker-1: cpu requests would reach 4.7 of a cap of 4.4 (110% of 4); pod x \
+             asks 0.6"
+        )
+    );
+}

@@ -630,6 +630,80 @@ impl ControlPlane {
     pub(crate) fn apply(&self, yaml: &str) -> (bool, String) {
         self.kubectl(&["apply", "-f", "-"], Some(yaml))
     }
+
+    /// Register `addr` as a backend of Service `namespace/service` port 443 in the API server's
+    /// resolver, ready while `ready_url` answers 200 (as endpoints of a Service do).
+    pub(crate) fn backend_add(
+        &self,
+        namespace: &str,
+        service: &str,
+        addr: SocketAddr,
+        ready_url: &str,
+    ) {
+        let out = Command::new(&self.kcp)
+            .args([
+                "backend",
+                "add",
+                "--namespace",
+                namespace,
+                "--service",
+                service,
+                "--port",
+                "443",
+            ])
+            .arg(format!("--addr={addr}"))
+            .arg(format!("--ready-url={ready_url}"))
+            .arg("--run-dir")
+            .arg(self.run_dir.path())
+            .output()
+            .expect("kcp backend add");
+        assert!(
+            out.status.success(),
+            "kcp backend add: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Mirror Secret `namespace/name` into `dir` the way the kubelet updates a Secret volume
+    /// (the `..data` swap, 1 s after a change). Stopped when the returned guard is dropped, and
+    /// by itself after 10 minutes (`timeout`) if this process dies without dropping it.
+    pub(crate) fn secret_volume(&self, namespace: &str, name: &str, dir: &Path) -> ChildGuard {
+        let child = Command::new("timeout")
+            .arg("600")
+            .arg(&self.kcp)
+            .args([
+                "secret-volume",
+                "--namespace",
+                namespace,
+                "--name",
+                name,
+                "--delay",
+                "1s",
+            ])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--run-dir")
+            .arg(self.run_dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kcp secret-volume");
+        ChildGuard(child)
+    }
+}
+
+/// A child process killed when dropped.
+pub(crate) struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // SIGTERM, which `timeout` passes on to its command (a SIGKILL would orphan it).
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
 }
 
 impl Drop for ControlPlane {

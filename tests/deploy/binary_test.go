@@ -58,8 +58,10 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// deploy/ without the Deployment and its PDB: the replicas are local processes here.
-	b, err := Kustomize(root, "deploy")
+	// deploy/ with components/request-cap, without the Deployment and its PDB: the replicas are
+	// local processes here, run with --request-cap (the component's flag), so the pod watch and
+	// the ValidatingWebhookConfiguration are done under the component's grants and the guard.
+	b, err := Kustomize(root, "tests/deploy/testdata/request-cap")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,6 +80,10 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 	mwc.SetAPIVersion("admissionregistration.k8s.io/v1")
 	mwc.SetKind("MutatingWebhookConfiguration")
 	mwc.SetName("kube-overcommit")
+	vwc := &unstructured.Unstructured{}
+	vwc.SetAPIVersion("admissionregistration.k8s.io/v1")
+	vwc.SetKind("ValidatingWebhookConfiguration")
+	vwc.SetName("kube-overcommit")
 	policy := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "overcommit.dev/v1alpha1", "kind": "OvercommitPolicy",
 		"metadata": map[string]any{"name": "deploy-test-cpu"},
@@ -89,7 +95,7 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 	t.Cleanup(func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer dcancel()
-		if err := ap.Delete(dctx, append([]*unstructured.Unstructured{policy, mwc}, objs...)); err != nil {
+		if err := ap.Delete(dctx, append([]*unstructured.Unstructured{policy, mwc, vwc}, objs...)); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
@@ -136,7 +142,7 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		}
 		r.addr, r.probe = freeAddr(t), freeAddr(t)
 		r.cmd = exec.Command(bin, "serve", "--listen="+r.addr, "--probe-listen="+r.probe,
-			"--tls-dir="+tlsDir, "--shutdown-grace=5s",
+			"--tls-dir="+tlsDir, "--shutdown-grace=5s", "--request-cap",
 			// Exit with the test process, even if it is killed (a CI timeout).
 			fmt.Sprintf("--exit-with-pid=%d", os.Getpid()))
 		r.cmd.Env = append(os.Environ(), "KUBECONFIG="+saKubeconfig, "POD_NAME="+r.name, "POD_NAMESPACE="+ns,
@@ -214,6 +220,7 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		}
 	}
 	checkLeaderConfigUnderGuard(t, ctx, cfg, ns, got, replicas[0].log, replicas[1].log)
+	checkLeaderValidatingConfig(t, ctx, cfg, ns, got)
 	checkSecretQuota(t, ctx, cfg, ns)
 	lease, err := client.CoordinationV1().Leases(ns).Get(ctx, "kube-overcommit-leader", metav1.GetOptions{})
 	if err != nil || lease.Spec.HolderIdentity == nil || !strings.HasPrefix(*lease.Spec.HolderIdentity, "deploy-test-replica-") {
@@ -355,11 +362,7 @@ func checkLeaderConfigUnderGuard(t *testing.T, ctx context.Context, cfg *rest.Co
 	}
 	t.Logf("the leader repaired an admin's widening as the ServiceAccount (replica %s)", repairedBy)
 
-	sa := rest.CopyConfig(cfg)
-	sa.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + ns + ":kube-overcommit",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
-	}
+	sa := asServiceAccount(cfg, ns)
 	asSA := kubernetes.NewForConfigOrDie(sa).AdmissionregistrationV1().MutatingWebhookConfigurations()
 	dry := metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}
 	if _, err := asSA.Update(ctx, last, dry); err != nil {
@@ -383,16 +386,61 @@ func checkLeaderConfigUnderGuard(t *testing.T, ctx context.Context, cfg *rest.Co
 	}
 }
 
+// checkLeaderValidatingConfig: with --request-cap the leader, as the ServiceAccount under the
+// guard, created the ValidatingWebhookConfiguration of the cap: the webhooks of
+// leaderValidatingConfig, with the mutating configuration's caBundle; the ServiceAccount may
+// write it back unchanged (dry run) but none of the widenings.
+func checkLeaderValidatingConfig(t *testing.T, ctx context.Context, cfg *rest.Config, ns string, mutating *admissionregistrationv1.MutatingWebhookConfiguration) {
+	t.Helper()
+	admin := kubernetes.NewForConfigOrDie(cfg).AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	var live *admissionregistrationv1.ValidatingWebhookConfiguration
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		v, err := admin.Get(ctx, "kube-overcommit", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		live = v
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("the leader did not create the ValidatingWebhookConfiguration under RBAC and the guard")
+	}
+	want := leaderValidatingConfig(ns)
+	if len(live.Webhooks) != len(want.Webhooks) {
+		t.Fatalf("the leader wrote %d validating webhooks, want %d", len(live.Webhooks), len(want.Webhooks))
+	}
+	for i, w := range live.Webhooks {
+		x := want.Webhooks[i]
+		if w.Name != x.Name || !reflect.DeepEqual(w.MatchConditions, x.MatchConditions) || !reflect.DeepEqual(w.Rules, x.Rules) ||
+			!reflect.DeepEqual(w.NamespaceSelector, x.NamespaceSelector) || *w.FailurePolicy != *x.FailurePolicy ||
+			*w.ClientConfig.Service.Path != *x.ClientConfig.Service.Path {
+			t.Errorf("validating webhook %d: %+v\nwant %+v", i, w, x)
+		}
+		if !bytes.Equal(w.ClientConfig.CABundle, mutating.Webhooks[0].ClientConfig.CABundle) {
+			t.Errorf("validating webhook %s: caBundle differs from the mutating configuration's", w.Name)
+		}
+	}
+	sa := asServiceAccount(cfg, ns)
+	asSA := kubernetes.NewForConfigOrDie(sa).AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	dry := metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}
+	if _, err := asSA.Update(ctx, live, dry); err != nil {
+		t.Errorf("the leader's own validating configuration is refused for the ServiceAccount: %v", err)
+	}
+	for name, widen := range validatingWidenings(ns) {
+		v := live.DeepCopy()
+		widen(v)
+		if _, err := asSA.Update(ctx, v, dry); refusedByGuard(err) != nil {
+			t.Errorf("%s of the live validating configuration: %v", name, refusedByGuard(err))
+		}
+	}
+}
+
 // checkSecretQuota: the ServiceAccount may create Secrets (RBAC cannot limit create by name),
 // but deploy/'s ResourceQuota stops it at count/secrets, counting the two it has written.
 func checkSecretQuota(t *testing.T, ctx context.Context, cfg *rest.Config, ns string) {
 	t.Helper()
 	admin := kubernetes.NewForConfigOrDie(cfg)
-	sa := rest.CopyConfig(cfg)
-	sa.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + ns + ":kube-overcommit",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
-	}
+	sa := asServiceAccount(cfg, ns)
 	secrets := kubernetes.NewForConfigOrDie(sa).CoreV1().Secrets(ns)
 	q, err := admin.CoreV1().ResourceQuotas(ns).Get(ctx, "kube-overcommit", metav1.GetOptions{})
 	if err != nil {

@@ -484,6 +484,12 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{true, "create", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", ""},
 		{false, "update", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "someone-else", ""},
 		{false, "delete", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "kube-overcommit", ""},
+		{true, "get", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "kube-overcommit", ""},
+		{true, "update", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "kube-overcommit", ""},
+		{true, "delete", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "kube-overcommit", ""},
+		{true, "create", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "", ""},
+		{false, "update", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "someone-else", ""},
+		{false, "delete", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "someone-else", ""},
 		{false, "update", "admissionregistration.k8s.io", "validatingadmissionpolicies", "kube-overcommit-webhook-guard", ""},
 		{true, "watch", "overcommit.dev", "overcommitpolicies", "", ""},
 		{false, "update", "overcommit.dev", "overcommitpolicies", "default", ""},
@@ -494,7 +500,13 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{false, "patch", "", "nodes", "some-node", ""},
 		{false, "patch", "", "nodes/status", "some-node", ""},
 		{false, "delete", "", "nodes", "some-node", ""},
-		{false, "list", "", "pods", "", ""},
+		// Both installs checked here turn the placement cap on (components/request-cap,
+		// requestCap.enabled): its pod index lists and watches pods, and that is all.
+		{true, "list", "", "pods", "", ""},
+		{true, "watch", "", "pods", "", ""},
+		{false, "get", "", "pods", "some-pod", ns},
+		{false, "update", "", "pods", "some-pod", ns},
+		{false, "create", "", "pods/binding", "", "default"},
 		{false, "create", "", "pods", "", ns},
 		{false, "get", "", "configmaps", "", ns},
 	}
@@ -545,11 +557,7 @@ func accessAllowed(t *testing.T, ctx context.Context, c kubernetes.Interface, us
 // authorization and admission run, nothing is stored): the configuration kube-overcommit needs
 // is allowed, anything that would point the API server elsewhere is refused.
 func checkWebhookGuard(t *testing.T, ctx context.Context, cfg *rest.Config, ns string) {
-	sa := rest.CopyConfig(cfg)
-	sa.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + ns + ":kube-overcommit",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
-	}
+	sa := asServiceAccount(cfg, ns)
 	asSA := kubernetes.NewForConfigOrDie(sa)
 	admin := kubernetes.NewForConfigOrDie(cfg)
 
@@ -586,9 +594,47 @@ func checkWebhookGuard(t *testing.T, ctx context.Context, cfg *rest.Config, ns s
 			t.Errorf("%s: refused for a cluster admin too: %v", name, err)
 		}
 	}
+	// The placement cap's ValidatingWebhookConfiguration (--request-cap), the same way.
+	vwcs := asSA.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	if _, err := vwcs.Create(ctx, leaderValidatingConfig(ns), dry); err != nil {
+		t.Errorf("the validating configuration kube-overcommit needs is refused: %v", err)
+	}
+	for name, widen := range validatingWidenings(ns) {
+		v := leaderValidatingConfig(ns)
+		widen(v)
+		if _, err := vwcs.Create(ctx, v, dry); refusedByGuard(err) != nil {
+			t.Errorf("validating, %s: %v", name, refusedByGuard(err))
+		}
+	}
+	renamed := leaderValidatingConfig(ns)
+	renamed.Name = "someone-else"
+	if _, err := vwcs.Create(ctx, renamed, dry); err == nil {
+		t.Error("a ValidatingWebhookConfiguration of another name: allowed for the ServiceAccount")
+	}
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// asServiceAccount: cfg impersonating kube-overcommit's ServiceAccount in ns (its groups too).
+func asServiceAccount(cfg *rest.Config, ns string) *rest.Config {
+	sa := rest.CopyConfig(cfg)
+	sa.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + ns + ":kube-overcommit",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+	}
+	return sa
+}
+
+// refusedByGuard: err is a refusal by the webhook guard or RBAC (nil: allowed).
+func refusedByGuard(err error) error {
+	if err == nil {
+		return fmt.Errorf("allowed for the ServiceAccount")
+	}
+	if !strings.Contains(err.Error(), "kube-overcommit-webhook-guard") && !apierrors.IsForbidden(err) {
+		return fmt.Errorf("refused, but not by the guard or RBAC: %v", err)
+	}
+	return nil
+}
 
 // leaderConfig is the MutatingWebhookConfiguration the leader writes for namespace ns
 // (src/leader/webhook_config.rs `desired`), with a caBundle that trusts nothing.
@@ -630,6 +676,69 @@ func leaderConfig(ns string) *admissionregistrationv1.MutatingWebhookConfigurati
 	return &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "kube-overcommit"},
 		Webhooks:   []admissionregistrationv1.MutatingWebhook{nodes, pods},
+	}
+}
+
+// leaderValidatingConfig is the ValidatingWebhookConfiguration the leader writes with
+// --request-cap (src/leader/webhook_config.rs desired_validating), without its caBundle.
+func leaderValidatingConfig(ns string) *admissionregistrationv1.ValidatingWebhookConfiguration {
+	rule := func(resource string) admissionregistrationv1.RuleWithOperations {
+		scope := admissionregistrationv1.NamespacedScope
+		return admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{resource}, Scope: &scope}}
+	}
+	hook := func(name string, conditions []admissionregistrationv1.MatchCondition, rules ...admissionregistrationv1.RuleWithOperations) admissionregistrationv1.ValidatingWebhook {
+		return admissionregistrationv1.ValidatingWebhook{
+			Name: name,
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{
+				Service: &admissionregistrationv1.ServiceReference{Namespace: ns, Name: "kube-overcommit", Port: ptr(int32(443)), Path: ptr("/validate")},
+			},
+			Rules:                   rules,
+			FailurePolicy:           ptr(admissionregistrationv1.Ignore),
+			MatchPolicy:             ptr(admissionregistrationv1.Equivalent),
+			SideEffects:             ptr(admissionregistrationv1.SideEffectClassNone),
+			TimeoutSeconds:          ptr(int32(2)),
+			AdmissionReviewVersions: []string{"v1"},
+			MatchConditions:         conditions,
+			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", ns}},
+			}},
+		}
+	}
+	bindings := hook("bindings.cap.overcommit.dev", nil, rule("pods/binding"), rule("bindings"))
+	placed := hook("placed-pods.cap.overcommit.dev", []admissionregistrationv1.MatchCondition{
+		{Name: "node-name-set", Expression: "has(object.spec.nodeName) && object.spec.nodeName != ''"},
+		{Name: "not-a-mirror-pod", Expression: "!has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)"},
+	}, rule("pods"))
+	return &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-overcommit"},
+		Webhooks:   []admissionregistrationv1.ValidatingWebhook{bindings, placed},
+	}
+}
+
+// validatingWidenings: changes to the leader's validating configuration (webhook 0: bindings,
+// 1: placed pods) that the guard refuses for the ServiceAccount.
+func validatingWidenings(ns string) map[string]func(*admissionregistrationv1.ValidatingWebhookConfiguration) {
+	type v = admissionregistrationv1.ValidatingWebhookConfiguration
+	return map[string]func(*v){
+		"failurePolicy Fail": func(c *v) { c.Webhooks[0].FailurePolicy = ptr(admissionregistrationv1.Fail) },
+		"url instead of Service": func(c *v) {
+			c.Webhooks[1].ClientConfig.Service = nil
+			c.Webhooks[1].ClientConfig.URL = ptr("https://attacker.example/validate")
+		},
+		"path /mutate":         func(c *v) { c.Webhooks[0].ClientConfig.Service.Path = ptr("/mutate") },
+		"timeout 10":           func(c *v) { c.Webhooks[1].TimeoutSeconds = ptr(int32(10)) },
+		"every pod create":     func(c *v) { c.Webhooks[1].MatchConditions = nil },
+		"kube-system included": func(c *v) { c.Webhooks[0].NamespaceSelector = nil },
+		"rules widened": func(c *v) {
+			c.Webhooks[0].Rules[0].Resources = []string{"*"}
+		},
+		"a mutating webhook's name": func(c *v) { c.Webhooks[0].Name = "nodes.overcommit.dev" },
+		"another webhook": func(c *v) {
+			extra := c.Webhooks[1].DeepCopy()
+			extra.Name = "other.cap.overcommit.dev"
+			c.Webhooks = append(c.Webhooks, *extra)
+		},
 	}
 }
 

@@ -44,6 +44,7 @@ var helmAllArgs = []string{
 	"--set", "monitoring.dashboard.enabled=true",
 	"--set", "networkPolicy.enabled=true",
 	"--set", "policy.create=true",
+	"--set", "requestCap.enabled=true",
 }
 
 func render(t *testing.T) *renderings {
@@ -218,6 +219,20 @@ func TestStaticDeploymentInvariants(t *testing.T) {
 			d := convert[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "kube-overcommit"))
 			checkDeployment(t, d)
 		})
+	}
+}
+
+// The placement cap is off unless turned on (components/request-cap, requestCap.enabled): the
+// container gets --request-cap exactly then.
+func TestStaticRequestCapFlag(t *testing.T) {
+	r := render(t)
+	for name, want := range map[string]bool{"kustomize": false, "helm": false, "production": true, "helm-all": true} {
+		objs := map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm, "production": r.production, "helm-all": r.helmAll}[name]
+		d := convert[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "kube-overcommit"))
+		args := d.Spec.Template.Spec.Containers[0].Args
+		if got := slices.Contains(args, "--request-cap"); got != want {
+			t.Errorf("%s: --request-cap in the args %v, want %v (%v)", name, got, want, args)
+		}
 	}
 }
 
@@ -508,9 +523,17 @@ func equalMaps(sub, super map[string]string, _ map[string]string) bool {
 }
 
 // RBAC: nothing beyond what SECURITY.md lists.
+// With the placement cap (components/request-cap, requestCap.enabled) pods list and watch, and
+// nothing else, are added.
 func TestStaticRBACLeastPrivilege(t *testing.T) {
 	r := render(t)
-	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm} {
+	type rendering struct {
+		objs       []*unstructured.Unstructured
+		requestCap bool
+	}
+	for name, rd := range map[string]rendering{"kustomize": {r.kustomize, false}, "helm": {r.helm, false},
+		"production": {r.production, true}, "helm-all": {r.helmAll, true}} {
+		objs := rd.objs
 		t.Run(name, func(t *testing.T) {
 			role := convert[rbacv1.Role](t, mustFind(t, objs, "Role", "kube-overcommit"))
 			cr := convert[rbacv1.ClusterRole](t, mustFind(t, objs, "ClusterRole", "kube-overcommit"))
@@ -529,9 +552,17 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 				allowed[grant{"admissionregistration.k8s.io", "mutatingwebhookconfigurations", "kube-overcommit", v}] = true
 			}
 			allowed[grant{"admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "create"}] = true
+			// The cap's configuration: kept with --request-cap, deleted by the leader without it.
+			for _, v := range []string{"get", "list", "watch", "update", "patch", "delete"} {
+				allowed[grant{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "kube-overcommit", v}] = true
+			}
+			allowed[grant{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "create"}] = true
 			for _, v := range []string{"list", "watch"} {
 				allowed[grant{"overcommit.dev", "overcommitpolicies", "", v}] = true
 				allowed[grant{"", "nodes", "", v}] = true
+				if rd.requestCap {
+					allowed[grant{"", "pods", "", v}] = true
+				}
 			}
 			seen := map[grant]bool{}
 			for _, rule := range append(slices.Clone(role.Rules), cr.Rules...) {

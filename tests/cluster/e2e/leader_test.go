@@ -66,6 +66,15 @@ type replicaSet struct {
 // test's nodes, and stops them (then removes the configuration they kept) at the end.
 func startReplicas(t *testing.T, ctx context.Context, ns string, n int, extra ...string) *replicaSet {
 	t.Helper()
+	return startReplicasWithPolicy(t, ctx, ns, n, `  nodeRatios:
+    cpu: "2"
+`, extra...)
+}
+
+// startReplicasWithPolicy: startReplicas with `spec` (YAML lines under spec:, after the node
+// selector) as the policy of the test's nodes.
+func startReplicasWithPolicy(t *testing.T, ctx context.Context, ns string, n int, spec string, extra ...string) *replicaSet {
+	t.Helper()
 	// (Namespaces are unique per run: a deleted one lingers while it is finalized.)
 	createNamespace(t, ctx, ns)
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
@@ -77,9 +86,7 @@ spec:
   nodeSelector:
     matchLabels:
       %s: %s
-  nodeRatios:
-    cpu: "2"
-`, ns, koNodeLabelKey, ns)
+%s`, ns, koNodeLabelKey, ns, spec)
 	if err := os.WriteFile(policy, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -325,11 +332,16 @@ func envInt(name string, def int) int {
 
 func startLeaderNodes(t *testing.T, ns string) *harness.FakeNodes {
 	t.Helper()
-	nodes, err := shared.StartFakeNodes(harness.FakeNodesOptions{Prefix: ns, Count: 2, Args: []string{
-		"--labels=" + koNodeLabelKey + "=" + ns, "--cpu=8", "--allocatable-cpu=4", "--images=50",
+	return startTestNodes(t, ns, 2, "--labels="+koNodeLabelKey+"="+ns, "--cpu=8", "--allocatable-cpu=4", "--images=50",
 		// A status write every second from each node, changed or not: steady review traffic.
-		"--status-update-frequency=1s", "--status-report-frequency=1s",
-	}})
+		"--status-update-frequency=1s", "--status-report-frequency=1s")
+}
+
+// startTestNodes runs count fake nodes <prefix>-<i> with `kcp fake-nodes` args; stopped and
+// deleted at the end of the test.
+func startTestNodes(t *testing.T, prefix string, count int, args ...string) *harness.FakeNodes {
+	t.Helper()
+	nodes, err := shared.StartFakeNodes(harness.FakeNodesOptions{Prefix: prefix, Count: count, Args: args})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -677,11 +689,7 @@ func TestLeaderRepairsHandEdits(t *testing.T) {
 	secrets := shared.Client.CoreV1().Secrets(ns)
 	repairedWithin := func(what string, limit time.Duration, f func() error) {
 		t.Helper()
-		start := time.Now()
-		if err := harness.Eventually(limit, 100*time.Millisecond, f); err != nil {
-			t.Fatalf("%s: not repaired within %v: %v", what, limit, err)
-		}
-		t.Logf("%s: repaired in %v", what, time.Since(start).Round(time.Millisecond))
+		repairedWithin(t, what, limit, f)
 	}
 
 	// Configuration edited: failurePolicy, timeout, caBundle, rules.
@@ -825,6 +833,16 @@ func TestLeaderRepairsHandEdits(t *testing.T) {
 		t.Fatalf("CA Secret recovery: API server webhook counts went from %+v to %+v", countsBefore, countsAfter)
 	}
 	t.Logf("CA Secret deleted and broken: recovered with %v reviews answered and none failed", countsAfter.Answered-countsBefore.Answered)
+}
+
+// repairedWithin fails the test unless f succeeds within limit, and logs how long it took.
+func repairedWithin(t *testing.T, what string, limit time.Duration, f func() error) {
+	t.Helper()
+	start := time.Now()
+	if err := harness.Eventually(limit, 100*time.Millisecond, f); err != nil {
+		t.Fatalf("%s: not repaired within %v: %v", what, limit, err)
+	}
+	t.Logf("%s: repaired in %v", what, time.Since(start).Round(time.Millisecond))
 }
 
 // uniqueName: namespaces of earlier runs may still be terminating.

@@ -483,13 +483,17 @@ func (in *Installation) Stop() error {
 	return errors.Join(errs...)
 }
 
-// Uninstall stops the replicas and removes the webhook configuration they kept in place, so
+// Uninstall stops the replicas and removes the webhook configurations they kept in place, so
 // the API server stops calling a Service without backends (it would fail open, but slowly
 // and noisily); with deleteNamespace also the namespace (Secrets, Leases).
 func (in *Installation) Uninstall(ctx context.Context, deleteNamespace bool) error {
 	errs := []error{in.Stop()}
 	cs := in.cluster.Client
 	if err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, in.WebhookConfig, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, err)
+	}
+	// The placement cap's, kept by a leader run with --request-cap (same name).
+	if err := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, in.WebhookConfig, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, err)
 	}
 	if deleteNamespace {
