@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use overcommit_core::Account;
 use overcommit_core::node::heartbeat::{Condition, Quiet};
-use overcommit_core::node::usage::NodeUsage;
+use overcommit_core::node::usage::{FallbackReason, NodeUsage, UsageSource};
 use overcommit_core::node::{self, NodeDecision, NodeView};
 use overcommit_core::patch::{self, PatchOp};
 use overcommit_core::pod::{self, PodDecision, PodSpecIn};
@@ -40,8 +40,31 @@ use overcommit_json::borrowed;
 /// Where a node's usage comes from, for policies with `spec.usage`: the usage caches in
 /// `serve`, a file or flags in `review`. Asked only when a policy has `spec.usage`.
 pub trait NodeUsageSource: Send + Sync + std::fmt::Debug {
-    /// What is known of this node's usage (None: nothing, the fallback applies).
-    fn node_usage(&self, node: &str) -> Option<NodeUsage>;
+    /// What is known of this node's usage, with the peak taken over `window` (the node's
+    /// policy's `spec.usage.window`); None: nothing, the fallback applies.
+    fn node_usage(&self, node: &str, window: std::time::Duration) -> Option<NodeUsage>;
+}
+
+/// The usage fallback reasons met in one review (a bit per `FallbackReason`; a metric).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsageFallbacks(u8);
+
+impl UsageFallbacks {
+    fn bit(reason: FallbackReason) -> u8 {
+        1 << (reason as u8)
+    }
+
+    pub fn insert(&mut self, reason: FallbackReason) {
+        self.0 |= Self::bit(reason);
+    }
+
+    pub fn contains(self, reason: FallbackReason) -> bool {
+        self.0 & Self::bit(reason) != 0
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
 }
 
 /// Settings that are not policies (namespace of the webhook itself, ...).
@@ -132,6 +155,8 @@ pub struct Handled {
     pub error: Option<ReviewError>,
     /// Whether stored heartbeat times were put back (quiet heartbeats; a metric).
     pub heartbeats_kept: bool,
+    /// Usage policies: why a resource's value fell back instead of following usage (a metric).
+    pub usage_fallbacks: UsageFallbacks,
 }
 
 /// Why a review was answered without the rules' patch.
@@ -348,6 +373,19 @@ impl Decision {
         matches!(self, Decision::Node(d) if d.heartbeats_kept)
     }
 
+    /// The usage fallback reasons of the node's resources (none under static policies).
+    fn usage_fallbacks(&self) -> UsageFallbacks {
+        let mut reasons = UsageFallbacks::default();
+        if let Decision::Node(d) = self {
+            for line in &d.resources {
+                if let Some((_, UsageSource::Fallback(reason))) = &line.usage {
+                    reasons.insert(*reason);
+                }
+            }
+        }
+        reasons
+    }
+
     fn patch(&self) -> &[PatchOp] {
         match self {
             Decision::Node(d) => &d.patch,
@@ -441,13 +479,23 @@ fn respond(parsed: Parsed<'_>, policies: &PolicySet, settings: &Settings) -> Han
         Ok(decision) => decision,
         Err(reason) => return fail_open(uid, resource, operation, undecided(&request, reason)),
     };
+    // Static policies pay one branch.
+    let usage_fallbacks = if policies.has_usage() {
+        decision.usage_fallbacks()
+    } else {
+        UsageFallbacks::default()
+    };
     let ops = decision.patch();
     if ops.is_empty() {
-        return answer(uid, resource, operation, None, Outcome::Unchanged);
+        return Handled {
+            usage_fallbacks,
+            ..answer(uid, resource, operation, None, Outcome::Unchanged)
+        };
     }
     match patch::to_json(ops) {
         Ok(json) => Handled {
             heartbeats_kept: decision.heartbeats_kept(),
+            usage_fallbacks,
             ..answer(uid, resource, operation, Some(&json), Outcome::Patched)
         },
         Err(e) => {
@@ -558,10 +606,13 @@ fn decide_request(
             });
             // Looked up only when a policy needs it: static policies pay one branch.
             let usage = match &settings.usage {
-                Some(source) if policies.has_usage() => request
-                    .name
-                    .as_deref()
-                    .and_then(|name| source.node_usage(name)),
+                Some(source) if policies.has_usage() => match policies.for_node(&node.labels) {
+                    NodeChoice::Policy(policy) => policy.usage.as_ref().and_then(|u| {
+                        let name = request.name.as_deref()?;
+                        source.node_usage(name, u.window)
+                    }),
+                    _ => None,
+                },
                 _ => None,
             };
             node::decide_with_usage(
@@ -650,6 +701,7 @@ fn answer(
         outcome,
         error: None,
         heartbeats_kept: false,
+        usage_fallbacks: UsageFallbacks::default(),
     }
 }
 
@@ -724,6 +776,7 @@ fn bad_request(message: String) -> Handled {
         outcome: Outcome::BadRequest,
         error: Some(ReviewError::NotAReview(message)),
         heartbeats_kept: false,
+        usage_fallbacks: UsageFallbacks::default(),
     }
 }
 

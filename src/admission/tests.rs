@@ -496,7 +496,8 @@ struct CountingUsage {
 }
 
 impl NodeUsageSource for CountingUsage {
-    fn node_usage(&self, node: &str) -> Option<NodeUsage> {
+    fn node_usage(&self, node: &str, window: std::time::Duration) -> Option<NodeUsage> {
+        assert_eq!(window, std::time::Duration::from_secs(900));
         if let Ok(mut asked) = self.asked.lock() {
             asked.push(node.to_string());
         }

@@ -532,7 +532,9 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 			for _, v := range []string{"list", "watch"} {
 				allowed[grant{"overcommit.dev", "overcommitpolicies", "", v}] = true
 				allowed[grant{"", "nodes", "", v}] = true
+				allowed[grant{"", "pods", "", v}] = true
 			}
+			allowed[grant{"metrics.k8s.io", "nodes", "", "list"}] = true
 			seen := map[grant]bool{}
 			for _, rule := range append(slices.Clone(role.Rules), cr.Rules...) {
 				if len(rule.NonResourceURLs) > 0 {
