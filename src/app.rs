@@ -178,10 +178,10 @@ async fn start(
     let source = start_policy_source(args, store.clone(), shared.shutdown.clone()).await?;
 
     let usage = UsageCaches::new(shared.metrics.clone());
-    let detail = usage.clone();
-    shared
-        .readiness
-        .add_detail("usage", move || detail.detail());
+    let (detail, in_force) = (usage.clone(), store.clone());
+    shared.readiness.add_detail("usage", move || {
+        detail.detail(in_force.current().has_usage())
+    });
     let (placement, placement_tasks) = start_placement(args, shared, &usage).await?;
     let usage_task = start_usage(
         args,

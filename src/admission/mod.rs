@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use overcommit_core::Account;
 use overcommit_core::node::heartbeat::{Condition, Quiet};
-use overcommit_core::node::usage::{FallbackReason, NodeUsage, UsageSource};
+use overcommit_core::node::usage::NodeUsage;
 use overcommit_core::node::{self, NodeDecision, NodeView};
 use overcommit_core::patch::{self, PatchOp};
 use overcommit_core::pod::{self, PodDecision, PodSpecIn};
@@ -45,27 +45,8 @@ pub trait NodeUsageSource: Send + Sync + std::fmt::Debug {
     fn node_usage(&self, node: &str, window: std::time::Duration) -> Option<NodeUsage>;
 }
 
-/// The usage fallback reasons met in one review (a bit per `FallbackReason`; a metric).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UsageFallbacks(u8);
-
-impl UsageFallbacks {
-    fn bit(reason: FallbackReason) -> u8 {
-        1 << (reason as u8)
-    }
-
-    pub fn insert(&mut self, reason: FallbackReason) {
-        self.0 |= Self::bit(reason);
-    }
-
-    pub fn contains(self, reason: FallbackReason) -> bool {
-        self.0 & Self::bit(reason) != 0
-    }
-
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-}
+/// The usage fallback reasons met in one review (a metric).
+pub use overcommit_core::node::usage::FallbackSet as UsageFallbacks;
 
 /// Settings that are not policies (namespace of the webhook itself, ...).
 #[derive(Debug, Clone, Default)]
@@ -375,15 +356,10 @@ impl Decision {
 
     /// The usage fallback reasons of the node's resources (none under static policies).
     fn usage_fallbacks(&self) -> UsageFallbacks {
-        let mut reasons = UsageFallbacks::default();
-        if let Decision::Node(d) = self {
-            for line in &d.resources {
-                if let Some((_, UsageSource::Fallback(reason))) = &line.usage {
-                    reasons.insert(*reason);
-                }
-            }
+        match self {
+            Decision::Node(d) => d.usage_fallbacks,
+            _ => UsageFallbacks::default(),
         }
-        reasons
     }
 
     fn patch(&self) -> &[PatchOp] {
@@ -479,12 +455,7 @@ fn respond(parsed: Parsed<'_>, policies: &PolicySet, settings: &Settings) -> Han
         Ok(decision) => decision,
         Err(reason) => return fail_open(uid, resource, operation, undecided(&request, reason)),
     };
-    // Static policies pay one branch.
-    let usage_fallbacks = if policies.has_usage() {
-        decision.usage_fallbacks()
-    } else {
-        UsageFallbacks::default()
-    };
+    let usage_fallbacks = decision.usage_fallbacks();
     let ops = decision.patch();
     if ops.is_empty() {
         return Handled {

@@ -36,8 +36,6 @@ pub struct UsageCaches {
     pods: RwLock<PodIndex>,
     pods_synced: AtomicBool,
     history: RwLock<UsageHistory>,
-    /// The poller runs (a usage policy was seen).
-    polling: AtomicBool,
     metrics: Arc<Metrics>,
 }
 
@@ -88,7 +86,6 @@ impl UsageCaches {
             pods: RwLock::new(PodIndex::default()),
             pods_synced: AtomicBool::new(false),
             history: RwLock::new(UsageHistory::new(DEFAULT_KEEP)),
-            polling: AtomicBool::new(false),
             metrics,
         };
         caches.set_synced_gauge(UsageCache::pods, false);
@@ -183,10 +180,10 @@ impl UsageCaches {
             .inc();
     }
 
-    /// The `/readyz` detail: None while there is nothing to say (no usage policy yet, or
+    /// The `/readyz` detail: None while there is nothing to say (no usage policy in force, or
     /// everything synced and answering).
-    pub fn detail(&self) -> Option<String> {
-        if !self.polling.load(Ordering::Acquire) {
+    pub fn detail(&self, usage_policy: bool) -> Option<String> {
+        if !usage_policy {
             return None;
         }
         let pods = self.pods_synced.load(Ordering::Acquire);
@@ -229,7 +226,6 @@ pub async fn poll(
     interval: Duration,
     shutdown: Signal,
 ) {
-    caches.polling.store(true, Ordering::Release);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut was_failing = false;
@@ -313,11 +309,10 @@ mod tests {
     fn views_follow_pods_and_polls_and_say_when_not_synced() {
         let metrics = Arc::new(Metrics::new());
         let caches = UsageCaches::new(metrics.clone());
-        assert_eq!(caches.detail(), None); // no usage policy seen: nothing to say
-        caches.polling.store(true, Ordering::Release);
+        assert_eq!(caches.detail(false), None); // no usage policy: nothing to say
         assert!(
             caches
-                .detail()
+                .detail(true)
                 .is_some_and(|d| d.contains("pods not listed yet"))
         );
         // Listed: two pods on n1, one unreadable (left out, reported).
@@ -332,7 +327,7 @@ mod tests {
         );
         assert!(
             caches
-                .detail()
+                .detail(true)
                 .is_some_and(|d| d.contains("pods listed, metrics.k8s.io not read yet"))
         );
         assert_eq!(
@@ -352,7 +347,7 @@ mod tests {
             )),
             Some((true, 900, Some(0), false))
         );
-        assert_eq!(caches.detail(), None);
+        assert_eq!(caches.detail(true), None);
         // A pod finishing leaves the sum; a deleted one too.
         assert!(
             caches
@@ -364,7 +359,7 @@ mod tests {
         // A failed poll: failing, said so, counted.
         caches.record_poll(now, DEFAULT_KEEP, &Err(MetricsError::Unavailable));
         assert!(cpu(&caches, "n1").is_some_and(|v| v.metrics_failing));
-        assert!(caches.detail().is_some_and(|d| d.contains("failing")));
+        assert!(caches.detail(true).is_some_and(|d| d.contains("failing")));
         let text = metrics.encode();
         for line in [
             "kube_overcommit_usage_polls_total{result=\"error\"} 1",
