@@ -494,8 +494,14 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{false, "patch", "", "nodes", "some-node", ""},
 		{false, "patch", "", "nodes/status", "some-node", ""},
 		{false, "delete", "", "nodes", "some-node", ""},
-		{false, "list", "", "pods", "", ""},
+		{true, "list", "", "pods", "", ""},
+		{true, "watch", "", "pods", "", ""},
+		{false, "get", "", "pods", "some-pod", "default"},
 		{false, "create", "", "pods", "", ns},
+		{false, "delete", "", "pods", "some-pod", ns},
+		{true, "list", "metrics.k8s.io", "nodes", "", ""},
+		{false, "get", "metrics.k8s.io", "nodes", "some-node", ""},
+		{false, "list", "metrics.k8s.io", "pods", "", ""},
 		{false, "get", "", "configmaps", "", ns},
 	}
 	for _, tc := range cases {
