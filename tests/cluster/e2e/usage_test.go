@@ -8,14 +8,17 @@ package e2e
 //  1. Before metrics.k8s.io answers, the replicas' caches are not synced: /readyz says so (and
 //     stays ready), kube_overcommit_usage_synced{cache="metrics"} is 0, and the node gets the
 //     fallback (6 cores), counted as not_synced.
-//  2. Scripted usage 20% (800m): allocatable = 3 + 60% x 4 - 0.8 = 4.6 cores, above raw.
-//  3. Usage raised to 70% (2.8): 3 + 2.4 - 2.8 = 2.6 is below raw: allocatable is raw (4), never
-//     less.
+//  2. Scripted usage 20% (800m): allocatable = 3 + 60% x 4 - 0.8 = 4.6 cores, above raw, and
+//     kube-scheduler binds a 1.5-cpu pod there that raw (1 cpu free) would not hold.
+//  3. Usage raised to 90% (3.6): 4.5 + 2.4 - 3.6 = 3.3 is below raw: allocatable is raw (4), never
+//     less; the pods already bound (4.5 requested) stay, and the scheduler binds nothing more
+//     (a 100m pod stays Unschedulable).
 //  4. metrics-server stopped: from the first 503 of metrics.k8s.io, the fallback (6 cores)
 //     applies within 3 polls (plus one status write), and kube_overcommit_usage_fallbacks_total
 //     {reason="metrics_failing"} counts it.
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -30,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"kube-overcommit/tests/cluster/harness"
@@ -157,13 +161,38 @@ func TestUsage(t *testing.T) {
 	}
 	got := n.Status.Allocatable[corev1.ResourceCPU]
 	t.Logf("usage 20%%: cpu %s = 3 requested + 2.4 target - 0.8 used (a rate: +-20m) (%s)", got.String(), since())
-
-	// 3. Usage 70%: below what raw gives, so raw.
-	setUsage("2800m")
-	if err := waitNode(ctx, cs, node, 60*time.Second, cpuIs("4"), rawAnnotation("4")); err != nil {
+	// The scheduler places a pod that only the inflated value holds (1 cpu free at raw).
+	schedulable := func(name, cpu string) {
+		t.Helper()
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: corev1.PodSpec{NodeSelector: map[string]string{"e2e-usage": "pool"}, Containers: []corev1.Container{{
+				Name: "app", Image: "registry.example.invalid/app:1",
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}},
+			}}}}
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	schedulable("more", "1500m")
+	if err := waitScheduled(ctx, cs, ns, "more", true); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("usage 70%%: cpu back to raw 4, not below (%s)", since())
+	t.Logf("a 1.5-cpu pod bound to %s beside 3 requested on raw 4 (%s)", node, since())
+
+	// 3. Usage 90%: below what raw gives, so raw; nothing more is placed, nothing evicted.
+	setUsage("3600m")
+	if err := waitNode(ctx, cs, node, 60*time.Second, cpuIs("4"), rawAnnotation("4")); err != nil {
+		usageDiagnostics(t, c, in)
+		t.Fatal(err)
+	}
+	schedulable("none", "100m")
+	if err := waitScheduled(ctx, cs, ns, "none", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitScheduled(ctx, cs, ns, "more", true); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("usage 90%%: cpu back to raw 4, not below; 4.5 requested stays bound, a 100m pod is Unschedulable (%s)", since())
 
 	// 4. metrics-server stopped: the fallback within 3 polls of the API failing, counted.
 	failingBefore, err := sumMetric(in, `kube_overcommit_usage_fallbacks_total{reason="metrics_failing"}`)
@@ -222,6 +251,31 @@ func cpuNear(want, tolerance int64) nodeCheck {
 		}
 		return nil
 	}
+}
+
+// waitScheduled waits until the pod is bound (bound) or marked Unschedulable by the scheduler.
+func waitScheduled(ctx context.Context, cs kubernetes.Interface, ns, name string, bound bool) error {
+	return harness.Eventually(45*time.Second, 200*time.Millisecond, func() error {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if bound {
+			if p.Spec.NodeName == "" {
+				return fmt.Errorf("pod %s/%s not bound", ns, name)
+			}
+			return nil
+		}
+		if p.Spec.NodeName != "" {
+			return fmt.Errorf("pod %s/%s bound to %s", ns, name, p.Spec.NodeName)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				return nil
+			}
+		}
+		return fmt.Errorf("pod %s/%s not marked Unschedulable yet", ns, name)
+	})
 }
 
 // readyz is a replica's /readyz: body and status.
