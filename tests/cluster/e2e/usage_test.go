@@ -13,6 +13,9 @@ package e2e
 //  3. Usage raised to 90% (3.6): 4.5 + 2.4 - 3.6 = 3.3 is below raw: allocatable is raw (4), never
 //     less; the pods already bound (4.5 requested) stay, and the scheduler binds nothing more
 //     (a 100m pod stays Unschedulable).
+//     Then noisy usage (800m +-3% of raw, a new value every 2 s) for USAGE_E2E_NOISE (default
+//     20s; `make test-e2e-usage-long` runs 10m): allocatable changes at most once per started
+//     minute (minChange 5% of raw is wider than the noise, so in practice never).
 //  4. metrics-server stopped: from the first 503 of metrics.k8s.io, the fallback (6 cores)
 //     applies within 3 polls (plus one status write), and kube_overcommit_usage_fallbacks_total
 //     {reason="metrics_failing"} counts it.
@@ -21,7 +24,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -47,8 +52,16 @@ const usagePoll = 2 * time.Second
 func TestUsage(t *testing.T) {
 	start := time.Now()
 	since := func() string { return fmt.Sprintf("%.1fs", time.Since(start).Seconds()) }
+	noise := 20 * time.Second
+	if v := os.Getenv("USAGE_E2E_NOISE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("USAGE_E2E_NOISE=%q: %v", v, err)
+		}
+		noise = d
+	}
 	c := harness.Start(t, harness.Options{})
-	ctx := harness.Context(t, 5*time.Minute)
+	ctx := harness.Context(t, 5*time.Minute+noise)
 	cs := c.Client
 	dyn, err := dynamic.NewForConfig(c.RestConfig)
 	if err != nil {
@@ -161,6 +174,32 @@ func TestUsage(t *testing.T) {
 	}
 	got := n.Status.Allocatable[corev1.ResourceCPU]
 	t.Logf("usage 20%%: cpu %s = 3 requested + 2.4 target - 0.8 used (a rate: +-20m) (%s)", got.String(), since())
+	// Noisy usage: 800m +-120m (3% of raw) every 2 s; the node is read every 200 ms.
+	noiseStart := time.Now()
+	last := got.String()
+	changes := 0
+	for next := time.Now(); time.Since(noiseStart) < noise; {
+		if !time.Now().Before(next) {
+			setUsage(fmt.Sprintf("%dm", 680+rand.IntN(241)))
+			next = time.Now().Add(2 * time.Second)
+		}
+		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q := n.Status.Allocatable[corev1.ResourceCPU]; q.String() != last {
+			changes++
+			t.Logf("noise: allocatable cpu %s -> %s after %v", last, q.String(), time.Since(noiseStart).Round(time.Second))
+			last = q.String()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if allowed := int((noise + time.Minute - 1) / time.Minute); changes > allowed {
+		t.Fatalf("noisy usage for %v: allocatable changed %d times (at most %d: once a minute)", noise, changes, allowed)
+	}
+	setUsage("800m")
+	t.Logf("noisy usage (+-3%%) for %v: allocatable changed %d times (%s)", noise, changes, since())
+
 	// The scheduler places a pod that only the inflated value holds (1 cpu free at raw).
 	schedulable := func(name, cpu string) {
 		t.Helper()
