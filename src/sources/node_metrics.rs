@@ -30,6 +30,8 @@ pub enum MetricsError {
     Unavailable,
     #[error("listing nodes.metrics.k8s.io: {0}")]
     Kube(#[source] kube::Error),
+    #[error("listing nodes.metrics.k8s.io took longer than --usage-interval")]
+    Timeout,
     #[error("node {node}: usage {resource} {text:?}: {source}")]
     Quantity {
         node: String,

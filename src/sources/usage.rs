@@ -236,7 +236,7 @@ pub async fn poll(
         }
         let polled = match tokio::time::timeout(interval, node_metrics::list(&client)).await {
             Ok(result) => result,
-            Err(_) => Err(MetricsError::Unavailable),
+            Err(_) => Err(MetricsError::Timeout),
         };
         match (&polled, was_failing) {
             (Err(e), false) => {
