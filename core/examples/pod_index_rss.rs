@@ -22,8 +22,18 @@ fn main() {
     let names: Vec<(String, String)> = (0..pods)
         .map(|i| {
             (
-                format!("team-{:03}/service-{:04}-7d9f8c6b5d-{:05x}", i % 300, i / 50, i),
-                format!("ip-10-{}-{}-{}.eu-west-1.compute.internal", (i % nodes) / 256, (i % nodes) % 256, nodes),
+                format!(
+                    "team-{:03}/service-{:04}-7d9f8c6b5d-{:05x}",
+                    i % 300,
+                    i / 50,
+                    i
+                ),
+                format!(
+                    "ip-10-{}-{}-{}.eu-west-1.compute.internal",
+                    (i % nodes) / 256,
+                    (i % nodes) % 256,
+                    nodes
+                ),
             )
         })
         .collect();
