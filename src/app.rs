@@ -25,6 +25,8 @@ use crate::probes::{self, ProbeArgs, Readiness, ReadyFlag};
 use crate::server::certs::{CertReloader, CertResolver};
 use crate::server::{Server, ServerArgs, tls_config};
 use crate::shutdown::{self, Signal, Trigger};
+use crate::sources::pods::PodSinks;
+use crate::sources::usage::UsageCaches;
 use crate::sources::{self, PolicyStore, SourceArgs, file::FileSource};
 use crate::webhook::Webhook;
 
@@ -80,6 +82,12 @@ pub struct ServeArgs {
     /// node without the webhook. 0 (the default, for now: README) turns it off.
     #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "0", value_parser = duration_arg)]
     pub heartbeat_refresh: Duration,
+
+    /// Usage policies (spec.usage): list NodeMetrics from metrics.k8s.io this often. A node's
+    /// sample older than 3 polls, or a failed poll, makes its policy fall back to nodeRatios.
+    /// The poller and the pod watch start when a policy with spec.usage is first in force.
+    #[arg(long, env = "KUBE_OVERCOMMIT_USAGE_INTERVAL", default_value = "30s", value_parser = duration_arg)]
+    pub usage_interval: Duration,
 }
 
 const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -169,14 +177,26 @@ async fn start(
     let store = PolicyStore::new(shared.metrics.clone(), policies_synced);
     let source = start_policy_source(args, store.clone(), shared.shutdown.clone()).await?;
 
-    let (placement, placement_task) = start_placement(args, shared).await?;
+    let usage = UsageCaches::new(shared.metrics.clone());
+    let (detail, in_force) = (usage.clone(), store.clone());
+    shared.readiness.add_detail("usage", move || {
+        detail.detail(in_force.current().has_usage())
+    });
+    let (placement, placement_tasks) = start_placement(args, shared, &usage).await?;
+    let usage_task = start_usage(
+        args,
+        shared,
+        store.clone(),
+        usage.clone(),
+        !args.request_cap,
+    )?;
     let webhook = Arc::new(Webhook {
         policies: store.cell(),
         settings: Settings {
             own_namespace: shared.namespace.clone(),
             heartbeat_refresh: args.heartbeat_refresh,
             clock: Clock::System,
-            usage: None,
+            usage: Some(usage),
         },
         metrics: shared.metrics.clone(),
         max_body_bytes: usize::try_from(args.server.max_body_bytes).unwrap_or(usize::MAX),
@@ -211,9 +231,9 @@ async fn start(
     Ok(Running {
         not_shutting_down,
         server,
-        background: [reloader, source, probes]
+        background: [reloader, source, probes, usage_task]
             .into_iter()
-            .chain(placement_task)
+            .chain(placement_tasks)
             .collect(),
         leader,
     })
@@ -257,27 +277,99 @@ fn load_certificate(
     (resolver, reloader)
 }
 
-/// The node cache and pod index behind /validate, with `--request-cap`.
+/// The node cache and pod index behind /validate, with `--request-cap`: the node watch, and
+/// the one pod watch, which feeds the usage pod index too.
 async fn start_placement(
     args: &ServeArgs,
     shared: &Shared,
+    usage: &Arc<UsageCaches>,
 ) -> anyhow::Result<(
     Option<Arc<dyn crate::placement::PlacementSource>>,
-    Option<JoinHandle<()>>,
+    Vec<JoinHandle<()>>,
 )> {
     if !args.request_cap {
-        return Ok((None, None));
+        return Ok((None, Vec::new()));
     }
     let client = kube::Client::try_default()
         .await
         .context("--request-cap watches nodes and pods: no Kubernetes client configuration")?;
     let placement = sources::placement::WatchedPlacement::default();
-    let task = tokio::spawn(sources::placement::run(
-        client,
+    let nodes = tokio::spawn(sources::placement::run(
+        client.clone(),
         placement.clone(),
         shared.shutdown.clone(),
     ));
-    Ok((Some(Arc::new(placement)), Some(task)))
+    let sinks = PodSinks {
+        placement: Some(placement.clone()),
+        usage: Some(usage.clone()),
+    };
+    let pods = tokio::spawn(watch_pods(client, sinks, shared.shutdown.clone()));
+    Ok((Some(Arc::new(placement)), vec![nodes, pods]))
+}
+
+/// The pod watch until `shutdown` says stop.
+async fn watch_pods(client: kube::Client, sinks: PodSinks, shutdown: Signal) {
+    tokio::select! {
+        () = sources::pods::watch(kube::Api::all(client), sinks) => {}
+        _ = shutdown.stopped() => {}
+    }
+}
+
+/// The usage caches' feeders, started when a policy with `spec.usage` is first in force (a
+/// cluster without usage policies pays nothing): the metrics.k8s.io poller, and the pod watch
+/// unless `--request-cap` already runs it (`own_pod_watch` false). Until then, and when no
+/// client can be built, usage policies keep the stored allocatable or fall back (not synced).
+fn start_usage(
+    args: &ServeArgs,
+    shared: &Shared,
+    store: PolicyStore,
+    usage: Arc<UsageCaches>,
+    own_pod_watch: bool,
+) -> anyhow::Result<JoinHandle<()>> {
+    if args.usage_interval.is_zero() {
+        anyhow::bail!("--usage-interval must be longer than 0");
+    }
+    let interval = args.usage_interval;
+    let shutdown = shared.shutdown.clone();
+    Ok(tokio::spawn(async move {
+        if !sources::usage::usage_policy_seen(&store, &shutdown).await {
+            return;
+        }
+        let clients = async {
+            let config = kube::Config::infer().await?;
+            // No retries for metrics.k8s.io: a 503 must count as a failed poll at once.
+            let mut once = config.clone();
+            once.default_retry = false;
+            Ok::<_, anyhow::Error>((
+                kube::Client::try_from(config)?,
+                kube::Client::try_from(once)?,
+            ))
+        };
+        let (client, metrics_client) = match clients.await {
+            Ok(clients) => clients,
+            Err(e) => {
+                tracing::error!(error = %e, "usage policies need the API server (pods, metrics.k8s.io): no client; they keep the stored allocatable or fall back");
+                return;
+            }
+        };
+        tracing::info!(interval = ?interval, "a usage policy is in force: polling metrics.k8s.io{}", if own_pod_watch { " and watching pods" } else { "" });
+        let poller = sources::usage::poll(
+            metrics_client,
+            usage.clone(),
+            store,
+            interval,
+            shutdown.clone(),
+        );
+        if own_pod_watch {
+            let sinks = PodSinks {
+                placement: None,
+                usage: Some(usage),
+            };
+            tokio::join!(poller, watch_pods(client, sinks, shutdown));
+        } else {
+            poller.await;
+        }
+    }))
 }
 
 /// The policy file (read once now) or, without one, the OvercommitPolicy watch.

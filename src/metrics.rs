@@ -19,7 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::admission::{Outcome, ReviewResource};
+use crate::admission::{Outcome, ReviewResource, UsageFallbacks};
+use overcommit_core::node::usage::FallbackReason;
 
 /// Prefix of every metric name this binary exports.
 pub const PREFIX: &str = "kube_overcommit";
@@ -165,6 +166,27 @@ pub struct RejectLabels {
     pub status: u16,
 }
 
+/// `reason` label of the usage fallbacks counter (`FallbackReason::as_str`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    pub reason: &'static str,
+}
+
+/// `cache` label of the usage caches' synced gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UsageCacheLabels {
+    pub cache: UsageCache,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum UsageCache {
+    /// The pod index (a watch of non-terminal pods).
+    pods,
+    /// NodeMetrics from metrics.k8s.io.
+    metrics,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
@@ -218,6 +240,17 @@ pub struct Metrics {
     pub tls_handshake_failures: Counter,
     /// Connections currently open on the webhook port.
     pub open_connections: Gauge,
+    /// Node reviews under a usage policy where a resource fell back, by reason; pre-created,
+    /// indexed by `FallbackReason as usize`.
+    usage_fallbacks: Vec<Counter>,
+    /// Whether each usage cache has been read completely (1) or not yet (0).
+    pub usage_synced: Family<UsageCacheLabels, Gauge>,
+    /// Polls of metrics.k8s.io by result.
+    pub usage_polls: Family<ReloadLabels, Counter>,
+    /// Nodes with usage samples in the window.
+    pub usage_nodes: Gauge,
+    /// Pods in the usage pod index.
+    pub usage_pods: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -253,6 +286,17 @@ impl Metrics {
                 }
             }
         }
+        let fallbacks_family = Family::<FallbackLabels, Counter>::default();
+        let usage_fallbacks = FallbackReason::ALL
+            .iter()
+            .map(|reason| {
+                fallbacks_family
+                    .get_or_create(&FallbackLabels {
+                        reason: reason.as_str(),
+                    })
+                    .clone()
+            })
+            .collect();
         let m = Self {
             registry: Mutex::new(Registry::default()),
             reviews,
@@ -267,6 +311,11 @@ impl Metrics {
             cert_reloads: Family::default(),
             tls_handshake_failures: Counter::default(),
             open_connections: Gauge::default(),
+            usage_fallbacks,
+            usage_synced: Family::default(),
+            usage_polls: Family::default(),
+            usage_nodes: Gauge::default(),
+            usage_pods: Gauge::default(),
         };
         root.register(
             "reviews",
@@ -329,6 +378,31 @@ impl Metrics {
             m.open_connections.clone(),
         );
         root.register(
+            "usage_fallbacks",
+            "Node reviews under a usage policy where a resource took the fallback (nodeRatios or raw) instead of following usage, by reason: no_sample, stale (older than 3 polls), metrics_failing, not_synced",
+            fallbacks_family,
+        );
+        root.register(
+            "usage_synced",
+            "Whether this replica's usage cache has been read completely (1) or not yet (0): pods (the pod index), metrics (metrics.k8s.io)",
+            m.usage_synced.clone(),
+        );
+        root.register(
+            "usage_polls",
+            "Polls of metrics.k8s.io NodeMetrics by result",
+            m.usage_polls.clone(),
+        );
+        root.register(
+            "usage_nodes",
+            "Nodes with usage samples in the longest usage window",
+            m.usage_nodes.clone(),
+        );
+        root.register(
+            "usage_pods",
+            "Pods in the usage pod index (non-terminal, bound or pending)",
+            m.usage_pods.clone(),
+        );
+        root.register(
             "build",
             "Build information",
             Info::new(BuildLabels {
@@ -360,6 +434,25 @@ impl Metrics {
         if let Some(c) = self.reviews.get(i) {
             c.inc();
         }
+    }
+
+    /// Count a review's usage fallbacks, one per reason (lock-free; nothing for none).
+    pub fn count_usage_fallbacks(&self, reasons: UsageFallbacks) {
+        if reasons.is_empty() {
+            return;
+        }
+        for (reason, counter) in FallbackReason::ALL.iter().zip(&self.usage_fallbacks) {
+            if reasons.contains(*reason) {
+                counter.inc();
+            }
+        }
+    }
+
+    /// Current value of one usage fallback counter (tests).
+    pub fn usage_fallbacks_count(&self, reason: FallbackReason) -> u64 {
+        self.usage_fallbacks
+            .get(reason as usize)
+            .map_or(0, |c| c.get())
     }
 
     /// Current value of one review counter (tests, debugging).

@@ -4,6 +4,9 @@
 //! Readiness is a set of named conditions. The server registers `certificate`, the policy
 //! source registers `policies`, shutdown registers `not-shutting-down`; any other module
 //! (the leader) adds its own with [`Readiness::condition`] or [`Readiness::add_check`].
+//! Details ([`Readiness::add_detail`]) are lines `/readyz` shows without failing: a state an
+//! operator should see that must not take the replica out of the Service (the usage caches not
+//! synced yet: the stored allocatable is kept, which is safe).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -64,11 +67,13 @@ impl ReadyFlag {
 }
 
 type Check = Arc<dyn Fn() -> bool + Send + Sync>;
+type Detail = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
-/// Named readiness conditions; ready when all hold.
+/// Named readiness conditions; ready when all hold. Details are shown, never fail.
 #[derive(Clone, Default)]
 pub struct Readiness {
     checks: Arc<RwLock<Vec<(String, Check)>>>,
+    details: Arc<RwLock<Vec<(String, Detail)>>>,
 }
 
 impl std::fmt::Debug for Readiness {
@@ -99,6 +104,32 @@ impl Readiness {
             Err(p) => p.into_inner(),
         };
         checks.push((name.to_owned(), Arc::new(check)));
+    }
+
+    /// Add a detail line `name: text`, shown by `/readyz` while `detail` returns text (keep it
+    /// cheap and non-blocking). It never makes the replica unready.
+    pub fn add_detail(
+        &self,
+        name: &str,
+        detail: impl Fn() -> Option<String> + Send + Sync + 'static,
+    ) {
+        let mut details = match self.details.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        details.push((name.to_owned(), Arc::new(detail)));
+    }
+
+    /// The detail lines that have something to say, `name: text`.
+    pub fn details(&self) -> Vec<String> {
+        let details = match self.details.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        details
+            .iter()
+            .filter_map(|(name, d)| d().map(|text| format!("{name}: {text}")))
+            .collect()
     }
 
     /// Names of the conditions that do not hold.
@@ -202,14 +233,21 @@ fn respond(
         "/healthz" | "/livez" => text(StatusCode::OK, "ok\n"),
         "/readyz" => {
             let failing = readiness.failing();
-            if failing.is_empty() {
-                text(StatusCode::OK, "ok\n")
+            let mut body = if failing.is_empty() {
+                "ok\n".to_string()
             } else {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("not ready: {}\n", failing.join(", ")),
-                )
+                format!("not ready: {}\n", failing.join(", "))
+            };
+            for line in readiness.details() {
+                body.push_str(&line);
+                body.push('\n');
             }
+            let status = if failing.is_empty() {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            text(status, body)
         }
         "/metrics" => {
             let mut r = text(StatusCode::OK, metrics.encode());
@@ -242,5 +280,20 @@ mod tests {
         assert!(r.is_ready());
         extra.store(false, Ordering::SeqCst);
         assert_eq!(r.failing(), vec!["leader-ca-published".to_string()]);
+    }
+
+    #[test]
+    fn details_are_shown_and_never_fail_readiness() {
+        let r = Readiness::new();
+        let said = Arc::new(AtomicBool::new(true));
+        let s = said.clone();
+        r.add_detail("usage", move || {
+            s.load(Ordering::SeqCst)
+                .then(|| "caches not synced".to_string())
+        });
+        assert!(r.is_ready());
+        assert_eq!(r.details(), vec!["usage: caches not synced".to_string()]);
+        said.store(false, Ordering::SeqCst);
+        assert!(r.details().is_empty());
     }
 }

@@ -58,7 +58,7 @@ struct ResourceIn {
 pub struct FixedUsage(pub NodeUsage);
 
 impl NodeUsageSource for FixedUsage {
-    fn node_usage(&self, _node: &str) -> Option<NodeUsage> {
+    fn node_usage(&self, _node: &str, _window: std::time::Duration) -> Option<NodeUsage> {
         Some(self.0)
     }
 }

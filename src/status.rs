@@ -11,14 +11,13 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectList};
+use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use overcommit_core::policy::{OvercommitPolicy, PolicySet, parse_policy_file};
-use overcommit_core::quantity::Quantity;
 use serde::de::DeserializeOwned;
 
-use self::view::{NodeFacts, RESOURCES, scale};
+use self::view::NodeFacts;
 
 /// How `status` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -50,9 +49,6 @@ pub struct StatusArgs {
     #[arg(long, env = "KUBE_OVERCOMMIT_CONTEXT")]
     pub context: Option<String>,
 }
-
-/// Objects listed per page, so that a large cluster is listed in bounded pieces.
-const PAGE: u32 = 500;
 
 /// The `status` subcommand (binary edge: anyhow).
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
@@ -171,63 +167,22 @@ async fn list_all<K>(api: Api<K>, what: &str) -> anyhow::Result<Vec<K>>
 where
     K: Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let mut out = Vec::new();
-    let mut params = ListParams::default().limit(PAGE);
-    loop {
-        let page: ObjectList<K> = api
-            .list(&params)
-            .await
-            .with_context(|| format!("listing {what}"))?;
-        out.extend(page.items);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(out),
-        }
-    }
+    crate::sources::list_pages(api)
+        .await
+        .with_context(|| format!("listing {what}"))
 }
 
 /// Each node's usage from metrics.k8s.io (NodeMetrics), in the scheduler's units.
 async fn node_usage(client: &Client) -> anyhow::Result<BTreeMap<String, BTreeMap<String, u128>>> {
-    let resource = ApiResource {
-        group: "metrics.k8s.io".into(),
-        version: "v1beta1".into(),
-        api_version: "metrics.k8s.io/v1beta1".into(),
-        kind: "NodeMetrics".into(),
-        plural: "nodes".into(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let listed = match list_all(api, "nodes.metrics.k8s.io").await {
-        Ok(listed) => listed,
-        Err(e) => {
-            let code = e.downcast_ref::<kube::Error>().and_then(|e| match e {
-                kube::Error::Api(status) => Some(status.code),
-                _ => None,
-            });
-            return Err(match code {
-                Some(404) => anyhow::anyhow!("metrics.k8s.io is not served (no metrics-server?)"),
-                Some(503) => {
-                    anyhow::anyhow!("metrics.k8s.io is unavailable (metrics-server down?)")
-                }
-                _ => e,
-            });
-        }
-    };
     let mut out = BTreeMap::new();
-    for metrics in listed {
-        let Some(name) = metrics.metadata.name.clone() else {
-            continue;
-        };
+    for sample in crate::sources::node_metrics::list(client).await? {
         let mut usage = BTreeMap::new();
-        for resource in RESOURCES {
-            let Some(text) = metrics.data["usage"][resource].as_str() else {
-                continue;
-            };
-            let units = Quantity::parse(text)
-                .and_then(|q| q.to_units_ceil(scale(resource)))
-                .with_context(|| format!("node {name}: usage {resource} {text:?}"))?;
-            usage.insert(resource.to_string(), units);
+        for (resource, value) in [("cpu", sample.cpu_millis), ("memory", sample.memory_bytes)] {
+            if let Some(value) = value {
+                usage.insert(resource.to_string(), value);
+            }
         }
-        out.insert(name, usage);
+        out.insert(sample.node, usage);
     }
     Ok(out)
 }

@@ -36,6 +36,7 @@ struct Answer {
     /// Why a review failed open or was refused (for the log).
     reason: Option<String>,
     heartbeats_kept: bool,
+    usage_fallbacks: crate::admission::UsageFallbacks,
 }
 
 impl From<Handled> for Answer {
@@ -48,6 +49,7 @@ impl From<Handled> for Answer {
             outcome,
             error,
             heartbeats_kept,
+            usage_fallbacks,
         } = h;
         Self {
             status,
@@ -57,6 +59,7 @@ impl From<Handled> for Answer {
             outcome,
             reason: error.map(|e| e.to_string()),
             heartbeats_kept,
+            usage_fallbacks,
         }
     }
 }
@@ -190,6 +193,7 @@ impl Webhook {
         }
         self.metrics
             .count_review(handled.resource, &handled.operation, handled.outcome);
+        self.metrics.count_usage_fallbacks(handled.usage_fallbacks);
         if handled.heartbeats_kept {
             let outcome = handled.outcome.into();
             let labels = HeartbeatsKeptLabels { outcome };

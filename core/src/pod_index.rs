@@ -1,6 +1,6 @@
 //! The lean pod index the usage rule needs: per non-terminal pod, its node and what it requests
 //! of cpu and memory (as `crate::requests` counts them), and per node the sums, kept as pods
-//! come and go. Pure: the pod watch (I/O, not built yet) applies its events here.
+//! come and go. Pure: the pod watch (`sources::pods`, I/O) applies its events here.
 //!
 //! Compact: a pod is its `namespace/name` key, a node number and two `u64`s; node names are
 //! stored once. Pods without a node (pending, unscheduled) are kept, counted in no node's sum

@@ -40,9 +40,13 @@ use overcommit_json::borrowed;
 /// Where a node's usage comes from, for policies with `spec.usage`: the usage caches in
 /// `serve`, a file or flags in `review`. Asked only when a policy has `spec.usage`.
 pub trait NodeUsageSource: Send + Sync + std::fmt::Debug {
-    /// What is known of this node's usage (None: nothing, the fallback applies).
-    fn node_usage(&self, node: &str) -> Option<NodeUsage>;
+    /// What is known of this node's usage, with the peak taken over `window` (the node's
+    /// policy's `spec.usage.window`); None: nothing, the fallback applies.
+    fn node_usage(&self, node: &str, window: std::time::Duration) -> Option<NodeUsage>;
 }
+
+/// The usage fallback reasons met in one review (a metric).
+pub use overcommit_core::node::usage::FallbackSet as UsageFallbacks;
 
 /// Settings that are not policies (namespace of the webhook itself, ...).
 #[derive(Debug, Clone, Default)]
@@ -132,6 +136,8 @@ pub struct Handled {
     pub error: Option<ReviewError>,
     /// Whether stored heartbeat times were put back (quiet heartbeats; a metric).
     pub heartbeats_kept: bool,
+    /// Usage policies: why a resource's value fell back instead of following usage (a metric).
+    pub usage_fallbacks: UsageFallbacks,
 }
 
 /// Why a review was answered without the rules' patch.
@@ -348,6 +354,14 @@ impl Decision {
         matches!(self, Decision::Node(d) if d.heartbeats_kept)
     }
 
+    /// The usage fallback reasons of the node's resources (none under static policies).
+    fn usage_fallbacks(&self) -> UsageFallbacks {
+        match self {
+            Decision::Node(d) => d.usage_fallbacks,
+            _ => UsageFallbacks::default(),
+        }
+    }
+
     fn patch(&self) -> &[PatchOp] {
         match self {
             Decision::Node(d) => &d.patch,
@@ -441,13 +455,18 @@ fn respond(parsed: Parsed<'_>, policies: &PolicySet, settings: &Settings) -> Han
         Ok(decision) => decision,
         Err(reason) => return fail_open(uid, resource, operation, undecided(&request, reason)),
     };
+    let usage_fallbacks = decision.usage_fallbacks();
     let ops = decision.patch();
     if ops.is_empty() {
-        return answer(uid, resource, operation, None, Outcome::Unchanged);
+        return Handled {
+            usage_fallbacks,
+            ..answer(uid, resource, operation, None, Outcome::Unchanged)
+        };
     }
     match patch::to_json(ops) {
         Ok(json) => Handled {
             heartbeats_kept: decision.heartbeats_kept(),
+            usage_fallbacks,
             ..answer(uid, resource, operation, Some(&json), Outcome::Patched)
         },
         Err(e) => {
@@ -558,10 +577,13 @@ fn decide_request(
             });
             // Looked up only when a policy needs it: static policies pay one branch.
             let usage = match &settings.usage {
-                Some(source) if policies.has_usage() => request
-                    .name
-                    .as_deref()
-                    .and_then(|name| source.node_usage(name)),
+                Some(source) if policies.has_usage() => match policies.for_node(&node.labels) {
+                    NodeChoice::Policy(policy) => policy.usage.as_ref().and_then(|u| {
+                        let name = request.name.as_deref()?;
+                        source.node_usage(name, u.window)
+                    }),
+                    _ => None,
+                },
                 _ => None,
             };
             node::decide_with_usage(
@@ -650,6 +672,7 @@ fn answer(
         outcome,
         error: None,
         heartbeats_kept: false,
+        usage_fallbacks: UsageFallbacks::default(),
     }
 }
 
@@ -724,6 +747,7 @@ fn bad_request(message: String) -> Handled {
         outcome: Outcome::BadRequest,
         error: Some(ReviewError::NotAReview(message)),
         heartbeats_kept: false,
+        usage_fallbacks: UsageFallbacks::default(),
     }
 }
 

@@ -496,7 +496,8 @@ struct CountingUsage {
 }
 
 impl NodeUsageSource for CountingUsage {
-    fn node_usage(&self, node: &str) -> Option<NodeUsage> {
+    fn node_usage(&self, node: &str, window: std::time::Duration) -> Option<NodeUsage> {
+        assert_eq!(window, std::time::Duration::from_secs(900));
         if let Ok(mut asked) = self.asked.lock() {
             asked.push(node.to_string());
         }
@@ -540,4 +541,32 @@ fn usage_is_looked_up_only_for_usage_policies() {
         "8746m"
     );
     assert_eq!(asked(), vec!["worker-pool-batch-7f3k2".to_string()]);
+    assert!(handled.usage_fallbacks.is_empty());
+    // The metrics API failing: the fallback (nodeRatios x2), its reason kept for the metric.
+    let failing = overcommit_core::node::usage::UsageView {
+        metrics_failing: true,
+        ..overcommit_core::node::usage::UsageView::fresh(6_000, 2_000)
+    };
+    let unsynced = Settings {
+        usage: Some(std::sync::Arc::new(crate::review_usage::FixedUsage(
+            NodeUsage {
+                cpu: Some(failing),
+                memory: None,
+            },
+        ))),
+        ..self::settings()
+    };
+    let handled = handle(NODE_STATUS_UPDATE, &usage_policies, &unsynced);
+    let next = next_review(&request, &self::response(&handled, &request));
+    assert_eq!(
+        next["request"]["object"]["status"]["allocatable"]["cpu"],
+        "15820m"
+    );
+    assert!(
+        handled
+            .usage_fallbacks
+            .contains(overcommit_core::node::usage::FallbackReason::MetricsFailing),
+        "{:?}",
+        handled.usage_fallbacks
+    );
 }

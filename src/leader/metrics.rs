@@ -174,6 +174,16 @@ mod tests {
                 result: ReloadResult::error,
             })
             .inc();
+        m.usage_synced
+            .get_or_create(&crate::metrics::UsageCacheLabels {
+                cache: crate::metrics::UsageCache::pods,
+            })
+            .set(1);
+        m.usage_polls
+            .get_or_create(&ReloadLabels {
+                result: ReloadResult::success,
+            })
+            .inc();
         leader.rotation("leaf", "issued");
         leader.repair("webhook-configuration", "repaired");
         leader
@@ -223,6 +233,9 @@ mod tests {
                 "kube_overcommit_node_raw_allocatable",
                 set(&["node", "resource", "unit"]),
             ),
+            ("kube_overcommit_usage_fallbacks_total", set(&["reason"])),
+            ("kube_overcommit_usage_synced", set(&["cache"])),
+            ("kube_overcommit_usage_polls_total", set(&["result"])),
         ]);
         assert_eq!(labelled, want, "labelled series of /metrics");
         assert!(

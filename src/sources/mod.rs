@@ -4,13 +4,18 @@
 
 pub mod crd;
 pub mod file;
+pub mod node_metrics;
 pub mod placement;
+pub mod pods;
+pub mod usage;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use kube::api::{Api, ListParams, ObjectList};
+use serde::de::DeserializeOwned;
 
 use crate::metrics::{Metrics, PolicyReloadLabels, PolicySourceLabel, ReloadResult};
 use crate::probes::ReadyFlag;
@@ -81,5 +86,25 @@ impl PolicyStore {
             .policy_reloads
             .get_or_create(&PolicyReloadLabels { source, result })
             .inc();
+    }
+}
+
+/// Objects listed per page, so that a large cluster is listed in bounded pieces.
+pub const PAGE: u32 = 500;
+
+/// Every object of `api`, page by page.
+pub async fn list_pages<K>(api: Api<K>) -> Result<Vec<K>, kube::Error>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page: ObjectList<K> = api.list(&params).await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The node cache and pod index behind `/validate` (`--request-cap`), fed by two kube-runtime
-//! watchers: every Node, and every pod not yet terminal (field selector
-//! `status.phase!=Succeeded,status.phase!=Failed`, so a pod that finishes arrives as a delete).
-//! The state and the ledger are `placement::state`; this file is the I/O.
+//! watchers: every Node, and the one pod watch of `serve` (`sources::pods`, which feeds the
+//! usage pod index from the same events). The state and the ledger are `placement::state`;
+//! this file is the I/O.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,6 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use crate::placement::state::{PlacementState, node_facts};
 use crate::placement::{NodeFacts, PlacementSource, PodFacts};
 use crate::shutdown::Signal;
+use overcommit_core::quantity::QuantityError;
 
 /// The watched state, shared by the watchers and the handler.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +30,20 @@ impl WatchedPlacement {
         // A panic while holding the lock cannot leave the maps half-updated in a way that
         // matters more than failing open; keep serving.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A pod added or changed (the pod watch).
+    pub fn apply_pod(&self, pod: &Pod) -> Result<(), QuantityError> {
+        self.lock().apply_pod(pod)
+    }
+
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        self.lock().delete_pod(namespace, name);
+    }
+
+    /// Every pod (a watch restart's full list); the unreadable ones are returned.
+    pub fn replace_pods(&self, pods: &[Pod]) -> Vec<QuantityError> {
+        self.lock().replace_pods(pods)
     }
 }
 
@@ -59,13 +74,11 @@ impl PlacementSource for WatchedPlacement {
     }
 }
 
-/// Watch nodes and pods until `shutdown` says stop.
+/// Watch nodes until `shutdown` says stop (pods come from `sources::pods`, which the app
+/// starts beside it with this state as one of its sinks).
 pub async fn run(client: kube::Client, placement: WatchedPlacement, shutdown: Signal) {
-    let nodes = watch_nodes(Api::all(client.clone()), placement.clone());
-    let pods = watch_pods(Api::all(client), placement);
     tokio::select! {
-        () = nodes => {}
-        () = pods => {}
+        () = watch_nodes(Api::all(client), placement) => {}
         _ = shutdown.stopped() => {}
     }
 }
@@ -105,50 +118,6 @@ async fn watch_nodes(api: Api<Node>, placement: WatchedPlacement) {
                 }
             }
             Event::Delete(node) => placement.lock().delete_node(&node.name_any()),
-        }
-    }
-}
-
-async fn watch_pods(api: Api<Pod>, placement: WatchedPlacement) {
-    let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-    let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
-    let mut listing: Option<Vec<Pod>> = None;
-    let unreadable = |e: &dyn std::error::Error| {
-        tracing::warn!(error = %e, "pod left out of the request cap's index (its placements are allowed)");
-    };
-    while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::warn!(error = %e, "watching pods for the request cap failed; retrying");
-                continue;
-            }
-        };
-        match event {
-            Event::Init => listing = Some(Vec::new()),
-            Event::InitApply(pod) => {
-                if let Some(listing) = listing.as_mut() {
-                    listing.push(pod);
-                }
-            }
-            Event::InitDone => {
-                if let Some(listing) = listing.take() {
-                    let errors = placement.lock().replace_pods(&listing);
-                    for e in &errors {
-                        unreadable(e);
-                    }
-                    tracing::info!(pods = listing.len(), "request cap's pod index listed");
-                }
-            }
-            Event::Apply(pod) => {
-                if let Err(e) = placement.lock().apply_pod(&pod) {
-                    unreadable(&e);
-                }
-            }
-            Event::Delete(pod) => {
-                let namespace = pod.namespace().unwrap_or_default();
-                placement.lock().delete_pod(&namespace, &pod.name_any());
-            }
         }
     }
 }

@@ -500,14 +500,18 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{false, "patch", "", "nodes", "some-node", ""},
 		{false, "patch", "", "nodes/status", "some-node", ""},
 		{false, "delete", "", "nodes", "some-node", ""},
-		// Both installs checked here turn the placement cap on (components/request-cap,
-		// requestCap.enabled): its pod index lists and watches pods, and that is all.
+		// Usage policies and the placement cap: every replica lists and watches pods, and that
+		// is all it may do with them.
 		{true, "list", "", "pods", "", ""},
 		{true, "watch", "", "pods", "", ""},
 		{false, "get", "", "pods", "some-pod", ns},
 		{false, "update", "", "pods", "some-pod", ns},
 		{false, "create", "", "pods/binding", "", "default"},
 		{false, "create", "", "pods", "", ns},
+		{false, "delete", "", "pods", "some-pod", ns},
+		{true, "list", "metrics.k8s.io", "nodes", "", ""},
+		{false, "get", "metrics.k8s.io", "nodes", "some-node", ""},
+		{false, "list", "metrics.k8s.io", "pods", "", ""},
 		{false, "get", "", "configmaps", "", ns},
 	}
 	for _, tc := range cases {

@@ -522,18 +522,12 @@ func equalMaps(sub, super map[string]string, _ map[string]string) bool {
 	return true
 }
 
-// RBAC: nothing beyond what SECURITY.md lists.
-// With the placement cap (components/request-cap, requestCap.enabled) pods list and watch, and
-// nothing else, are added.
+// RBAC: nothing beyond what SECURITY.md lists, with the placement cap on or off (pods list and
+// watch are in the base: usage policies need them too).
 func TestStaticRBACLeastPrivilege(t *testing.T) {
 	r := render(t)
-	type rendering struct {
-		objs       []*unstructured.Unstructured
-		requestCap bool
-	}
-	for name, rd := range map[string]rendering{"kustomize": {r.kustomize, false}, "helm": {r.helm, false},
-		"production": {r.production, true}, "helm-all": {r.helmAll, true}} {
-		objs := rd.objs
+	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm,
+		"production": r.production, "helm-all": r.helmAll} {
 		t.Run(name, func(t *testing.T) {
 			role := convert[rbacv1.Role](t, mustFind(t, objs, "Role", "kube-overcommit"))
 			cr := convert[rbacv1.ClusterRole](t, mustFind(t, objs, "ClusterRole", "kube-overcommit"))
@@ -560,10 +554,9 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 			for _, v := range []string{"list", "watch"} {
 				allowed[grant{"overcommit.dev", "overcommitpolicies", "", v}] = true
 				allowed[grant{"", "nodes", "", v}] = true
-				if rd.requestCap {
-					allowed[grant{"", "pods", "", v}] = true
-				}
+				allowed[grant{"", "pods", "", v}] = true
 			}
+			allowed[grant{"metrics.k8s.io", "nodes", "", "list"}] = true
 			seen := map[grant]bool{}
 			for _, rule := range append(slices.Clone(role.Rules), cr.Rules...) {
 				if len(rule.NonResourceURLs) > 0 {

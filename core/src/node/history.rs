@@ -1,5 +1,5 @@
 //! Node usage samples kept for the usage rule's window. Pure: the poller of metrics.k8s.io
-//! (I/O, not built yet) records each poll here, and the review path reads a node's
+//! (`sources::usage`, I/O) records each poll here, and the review path reads a node's
 //! `NodeUsage` from it.
 //!
 //! - Every poll counts, failed or not: a node's sample age is in polls (the rule's
@@ -58,6 +58,21 @@ impl UsageHistory {
             synced: false,
             nodes: HashMap::new(),
         }
+    }
+
+    /// Keep samples for `keep` from the next poll on (the longest window changed).
+    pub fn set_keep(&mut self, keep: Duration) {
+        self.keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+    }
+
+    /// Whether one poll has succeeded.
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+
+    /// Whether the last poll failed.
+    pub fn last_failed(&self) -> bool {
+        self.last_failed
     }
 
     /// Record one poll made at `now_ms`.
@@ -215,7 +230,11 @@ mod tests {
         history.record(5 * MIN, Poll::Listed(&[("a", sample(0, 900, 10))]));
         assert_eq!(history.nodes.get("a").map(|n| n.samples.len()), Some(1));
         assert!(cpu(&history, "a", 15, 5 * MIN).is_some_and(|v| !v.metrics_failing));
-        // Past `keep`, the node is forgotten.
+        assert!(history.synced() && !history.last_failed());
+        // Past `keep`, the node is forgotten; a shorter keep applies from the next poll.
+        history.set_keep(Duration::from_secs(60));
+        history.record(7 * MIN, Poll::Listed(&[("b", sample(7 * MIN, 1, 1))]));
+        assert_eq!(history.nodes(), 1);
         history.record(11 * MIN, Poll::Listed(&[]));
         assert_eq!(history.nodes(), 0);
         assert_eq!(

@@ -44,7 +44,7 @@ use serde_json::Value;
 
 use self::annotations::{Desired, KEYS, RawRecord, Recorded, Written};
 use self::heartbeat::{Condition, HeartbeatLine, Quiet};
-use self::usage::{NodeUsage, UsageSource, UsageView};
+use self::usage::{FallbackSet, NodeUsage, UsageSource, UsageView};
 use crate::Account;
 use crate::patch::{PatchOp, pointer};
 use crate::policy::{NodeChoice, PolicySet};
@@ -134,6 +134,8 @@ pub struct NodeDecision {
     /// Per condition, what happened to its heartbeat (with `Account::Full`), and under which
     /// settings; `None` where quiet heartbeats did not apply.
     pub heartbeats: Option<(Quiet, Vec<HeartbeatLine>)>,
+    /// Under a usage policy: why resources took the fallback (with every `Account`; a metric).
+    pub usage_fallbacks: FallbackSet,
 }
 
 /// What this webhook recorded for `resource`, if anything: the raw text and value, and the
@@ -220,6 +222,7 @@ pub fn decide_with_usage(
     let mut raw_record: Vec<(&str, &str)> = Vec::new();
     // resource -> value the usage rule wrote (stays empty, unallocated, under static policies).
     let mut usage_written: Vec<(&str, Quantity)> = Vec::new();
+    let mut usage_fallbacks = FallbackSet::default();
     let usage_policy = policy.and_then(|p| p.usage.as_ref());
     for (name, incoming_text) in node.allocatable.into_iter().flatten() {
         let resource: &str = name;
@@ -274,8 +277,9 @@ pub fn decide_with_usage(
                     resource: resource.to_string(),
                     source,
                 })?;
-                if !matches!(decision.source, UsageSource::Fallback(_)) {
-                    usage_written.push((resource, decision.allocatable));
+                match decision.source {
+                    UsageSource::Fallback(reason) => usage_fallbacks.insert(reason),
+                    _ => usage_written.push((resource, decision.allocatable)),
                 }
                 usage_line = Some((view, decision.source));
                 decision.allocatable
@@ -341,6 +345,7 @@ pub fn decide_with_usage(
         patch,
         heartbeats_kept,
         heartbeats,
+        usage_fallbacks,
     })
 }
 

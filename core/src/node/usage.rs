@@ -111,6 +111,28 @@ impl FallbackReason {
     }
 }
 
+/// The fallback reasons met in one decision: a bit per reason (no allocation; a metric).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FallbackSet(u8);
+
+impl FallbackSet {
+    fn bit(reason: FallbackReason) -> u8 {
+        1 << (reason as u8)
+    }
+
+    pub fn insert(&mut self, reason: FallbackReason) {
+        self.0 |= Self::bit(reason);
+    }
+
+    pub fn contains(self, reason: FallbackReason) -> bool {
+        self.0 & Self::bit(reason) != 0
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
 /// Where the value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UsageSource {
@@ -526,8 +548,13 @@ mod tests {
             &view(u128::MAX, 0),
         );
         assert!(result.is_err(), "{result:?}");
+        let mut set = FallbackSet::default();
+        assert!(set.is_empty());
         for reason in FallbackReason::ALL {
             assert!(!reason.as_str().is_empty());
+            assert!(!set.contains(reason));
+            set.insert(reason);
+            assert!(set.contains(reason));
         }
     }
 }

@@ -248,6 +248,15 @@ impl PolicySet {
         self.usage
     }
 
+    /// The longest `spec.usage.window` of any policy (None: no usage policy): how long the
+    /// usage history must keep samples.
+    pub fn longest_usage_window(&self) -> Option<std::time::Duration> {
+        self.compiled
+            .iter()
+            .filter_map(|p| p.usage.as_ref().map(|u| u.window))
+            .max()
+    }
+
     /// Policy names, highest priority first.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.compiled.iter().map(|p| p.name.as_str())

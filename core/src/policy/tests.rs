@@ -397,6 +397,30 @@ fn usage_policies_apply_to_nodes_without_node_ratios() {
         }
         None => panic!("usage compiled"),
     }
+    // The history keeps the longest window (default 15m here); no usage policy, none.
+    assert_eq!(
+        set.longest_usage_window(),
+        Some(std::time::Duration::from_secs(900))
+    );
+    let longer = [
+        policy_yaml(
+            "a",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}, window: 1h}",
+        ),
+        policy_yaml(
+            "b",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}, window: 1m}",
+        ),
+    ]
+    .join("---\n");
+    assert_eq!(
+        self::set(&longer).longest_usage_window(),
+        Some(std::time::Duration::from_secs(3600))
+    );
+    assert_eq!(
+        self::set(&policy_yaml("s", "  nodeRatios: {cpu: \"2\"}")).longest_usage_window(),
+        None
+    );
 }
 
 #[test]
