@@ -59,7 +59,7 @@ type demoOptions struct {
 // (the kubelet's nodeStatusReportFrequency, 5 min by default: shortened so that a new policy
 // shows within seconds; the webhook only acts when a node writes its status).
 func (o demoOptions) fakeNodeArgs() []string {
-	return []string{"--cpu=" + o.cpu, "--memory=" + o.memory, "--images=50",
+	return []string{"--cpu=" + o.cpu, "--memory=" + o.memory, "--images=50", "--resource-metrics",
 		"--status-update-frequency=" + o.statusEvery.String(), "--status-report-frequency=" + o.reportEvery.String()}
 }
 
@@ -122,8 +122,12 @@ type demo struct {
 	removeRunDir bool
 	keptRunning  bool
 	nodes        []string
-	// allocatable cpu per node as printed: before, with and after the policy
+	// allocatable cpu per node as printed: before, with and after the policy, then at 20% and
+	// 70% usage
 	snapshots [][]string
+	// demo pods bound at each usage step, as the summary prints them
+	usageCounts   []string
+	metricsServer *harness.MetricsServer
 }
 
 func (d *demo) step(format string, a ...any) {
@@ -201,6 +205,10 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	d.info("pods already bound stay where they are: the scheduler never evicts, so a node can hold more")
 	d.info("requests than its allocatable after a ratio is lowered or removed (SECURITY.md: operational risks)")
+
+	if err := d.usageStep(ctx); err != nil {
+		return err
+	}
 
 	d.step("Summary")
 	d.printSummary(without, with)
@@ -291,7 +299,7 @@ func installOptions() install.Options {
 		CRD:       install.DefaultCRD(),
 		// The kubelet's Secret volume is not instantaneous either.
 		SecretDelay: time.Second,
-		Args:        []string{"--shutdown-delay=1s", "--shutdown-grace=10s"},
+		Args:        []string{"--shutdown-delay=1s", "--shutdown-grace=10s", "--usage-interval=" + usageInterval.String()},
 	}
 }
 
@@ -583,16 +591,18 @@ func (d *demo) waitAllocatable(ctx context.Context, inflated bool) error {
 func (d *demo) printSummary(without, with int) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "    ALLOCATABLE CPU (API server)\t%s\tDEMO PODS SCHEDULED (of %d, %s CPU each)\n", strings.Join(d.nodes, "\t"), d.o.pods, d.o.podCPU)
-	titles := []string{"no policy", "policy " + policyName + " (cpu x2, labelled nodes)", "policy deleted"}
-	counts := []string{strconv.Itoa(without), fmt.Sprintf("%d (%+d)", with, with-without), "bound pods stay"}
+	titles := []string{"no policy", "policy " + policyName + " (cpu x2, labelled nodes)", "policy deleted",
+		"policy " + usagePolicyName + ", usage 20%", "policy " + usagePolicyName + ", usage 70%"}
+	counts := append([]string{strconv.Itoa(without), fmt.Sprintf("%d (%+d)", with, with-without), "bound pods stay"}, d.usageCounts...)
 	for i, snap := range d.snapshots {
-		if i >= len(titles) || len(snap) != len(d.nodes) {
+		if i >= len(titles) || i >= len(counts) || len(snap) != len(d.nodes) {
 			break
 		}
 		fmt.Fprintf(w, "    %s\t%s\t%s\n", titles[i], strings.Join(snap, "\t"), counts[i])
 	}
 	_ = w.Flush()
 	fmt.Printf("\n    With the policy the scheduler placed %d more pods on the same %d nodes; deleting it restored the kubelet's values.\n", with-without, d.o.nodes)
+	fmt.Printf("    With the usage policy allocatable followed the nodes' usage: headroom below the target at 20%%, none at 70%%.\n")
 	if c, err := d.apiserverWebhookCounts(); err == nil {
 		fmt.Printf("    The API server called the webhook %.0f times (node status writes, pod creations): %.0f answered, %.0f failed open.\n", c.total, c.answered, c.failOpen)
 	}
@@ -655,6 +665,11 @@ func (d *demo) cleanup(ok bool) error {
 		}
 	}
 	d.step("Cleaning up")
+	if d.metricsServer != nil {
+		if err := d.metricsServer.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stop metrics-server: %w", err))
+		}
+	}
 	if d.o.keep {
 		// The kept control plane was not started by harness.New: stop it here.
 		d.c.External = false
