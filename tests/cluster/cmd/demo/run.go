@@ -163,19 +163,8 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	d.step("Applying the policy %s", relPath(policyPath()))
-	text, err := os.ReadFile(policyPath())
-	if err != nil {
+	if err := d.applyFile(policyPath()); err != nil {
 		return err
-	}
-	for _, l := range strings.Split(strings.TrimSpace(string(text)), "\n") {
-		if !strings.HasPrefix(l, "#") {
-			fmt.Println("      " + l)
-		}
-	}
-	if out, err := d.c.Kubectl("apply", "-f", policyPath()); err != nil {
-		return fmt.Errorf("kubectl apply: %w\n%s", err, out)
-	} else {
-		d.info("kubectl: %s", strings.TrimSpace(out))
 	}
 	d.info("waiting for the next status write of each labelled node (every %v here; a kubelet's unchanged status: 5 min)", d.o.reportEvery)
 	if err := d.waitAllocatable(ctx, true); err != nil {
@@ -212,6 +201,25 @@ func (d *demo) run(ctx context.Context) error {
 
 	d.step("Summary")
 	d.printSummary(without, with)
+	return nil
+}
+
+// applyFile prints the manifest at path (without its comments) and applies it with kubectl.
+func (d *demo) applyFile(path string) error {
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(text)), "\n") {
+		if !strings.HasPrefix(l, "#") {
+			fmt.Println("      " + l)
+		}
+	}
+	out, err := d.c.Kubectl("apply", "-f", path)
+	if err != nil {
+		return fmt.Errorf("kubectl apply: %w\n%s", err, out)
+	}
+	d.info("kubectl: %s", strings.TrimSpace(out))
 	return nil
 }
 

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -39,19 +38,8 @@ func (d *demo) usageStep(ctx context.Context) error {
 	}
 	d.metricsServer = ms
 	d.info("metrics-server started: it scrapes each fake kubelet's resource metrics every 10 s; the replicas list NodeMetrics every %v", usageInterval)
-	text, err := os.ReadFile(usagePolicyPath())
-	if err != nil {
+	if err := d.applyFile(usagePolicyPath()); err != nil {
 		return err
-	}
-	for _, l := range strings.Split(strings.TrimSpace(string(text)), "\n") {
-		if !strings.HasPrefix(l, "#") {
-			fmt.Println("      " + l)
-		}
-	}
-	if out, err := d.c.Kubectl("apply", "-f", usagePolicyPath()); err != nil {
-		return fmt.Errorf("kubectl apply: %w\n%s", err, out)
-	} else {
-		d.info("kubectl: %s", strings.TrimSpace(out))
 	}
 
 	raw := resource.MustParse(d.o.cpu)
