@@ -20,6 +20,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import socket
@@ -574,6 +575,7 @@ def cmd_run(args) -> int:
     if not args.skip_apiserver:
         results["apiserver"] = apiserver_bench.run(bins, tls, nodes=args.nodes, quick=args.quick,
                                                    update_s=apiserver_bench.update_frequency(args))
+    results["pod_index"] = pod_index_memory()
     write_results(results)
     if perf_works():
         cmd_profile(argparse.Namespace(server="kube-overcommit", payload="node-55k", seconds=8, dwarf=False, no_build=True))
@@ -583,6 +585,25 @@ def cmd_run(args) -> int:
     report.write(results, ROOT / "BENCHMARKS.md")
     log("wrote BENCHMARKS.md")
     return 0
+
+
+POD_INDEX_PODS, POD_INDEX_NODES = 100_000, 1_000
+
+
+def pod_index_memory() -> dict:
+    """RSS of the usage rule's lean pod index (core/examples/pod_index_rss.rs) holding
+    POD_INDEX_PODS pods on POD_INDEX_NODES nodes."""
+    env = {k: v for k, v in os.environ.items() if k != "RUSTC_WRAPPER"}
+    run(["cargo", "build", "--locked", "--release", "-p", "kube-overcommit-core", "--example", "pod_index_rss"],
+        cwd=ROOT, env=env)
+    target = Path(env.get("CARGO_TARGET_DIR", ROOT / "target"))
+    out = subprocess.run([str(target / "release" / "examples" / "pod_index_rss"), str(POD_INDEX_PODS), str(POD_INDEX_NODES)],
+                         capture_output=True, text=True, check=True).stdout
+    m = re.search(r"RSS \+([\d.]+) MiB \(([\d.]+) MiB per 10,000 pods; (\d+) bytes per pod\)", out)
+    if not m:
+        raise RuntimeError(f"pod_index_rss printed {out!r}")
+    return {"pods": POD_INDEX_PODS, "nodes": POD_INDEX_NODES, "rss_mib": float(m.group(1)),
+            "mib_per_10k": float(m.group(2)), "bytes_per_pod": int(m.group(3))}
 
 
 def perf_works() -> bool:
@@ -632,7 +653,6 @@ def cmd_profile(args) -> int:
     out = OUT / f"profile-{s.name}-{args.payload}.txt"
     out.write_text(report)
     if not (args.dwarf or flamegraph) and s.name == "kube-overcommit" and RESULTS.exists():
-        import re
         top = []
         for line in report.splitlines():
             m = re.match(r"\s+([\d.]+)%\s+(\[[.k]\])\s+(.+?)\s*$", line)

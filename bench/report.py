@@ -137,6 +137,12 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
     fresh_text = f" at the end of the run (on the fresh server: {_mib(fresh)} MiB)" if fresh else ""
     out.append(("RSS < 32 MiB with 128 connections open", f"{_mib(rss)} MiB{fresh_text}" if rss else "not measured",
                 None if rss is None else rss < 32 * 1024))
+    index = results.get("pod_index")
+    out.append(("usage rule's pod index (core::pod_index) < 3 MiB of RSS per 10,000 pods",
+                f"{index['mib_per_10k']:.2f} MiB per 10,000 pods ({index['pods']:,} pods on {index['nodes']:,} nodes: "
+                f"+{index['rss_mib']:.1f} MiB, {index['bytes_per_pod']} bytes per pod; "
+                "`cargo run --release -p kube-overcommit-core --example pod_index_rss`)" if index else "not measured",
+                None if not index else index["mib_per_10k"] < 3))
     return out
 
 
