@@ -41,6 +41,11 @@ pub enum AnnotationError {
         annotation: &'static str,
         reason: String,
     },
+    #[error("{annotation}: {reason}")]
+    Listed {
+        annotation: &'static str,
+        reason: String,
+    },
     #[error("{annotation} {resource}: {reason}")]
     Value {
         annotation: &'static str,
@@ -116,15 +121,22 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
     let applied_text = annotations
         .get(APPLIED_ANNOTATION)
         .ok_or_else(|| missing(RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION))?;
-    let raw_map = match plain::whole_map(raw_text) {
-        Some(map) => map,
-        None => {
-            serde_json::from_str::<RawIn<'_>>(raw_text)
-                .map_err(json(RAW_ALLOCATABLE_ANNOTATION))?
-                .0
+    let listed = |annotation| move |reason: String| AnnotationError::Listed { annotation, reason };
+    let raw_map = if is_json(raw_text) {
+        match plain::whole_map(raw_text) {
+            Some(map) => map,
+            None => {
+                serde_json::from_str::<RawIn<'_>>(raw_text)
+                    .map_err(json(RAW_ALLOCATABLE_ANNOTATION))?
+                    .0
+            }
         }
+    } else {
+        listed_map(raw_text).map_err(listed(RAW_ALLOCATABLE_ANNOTATION))?
     };
-    let (applied_ratios, applied_usage) =
+    let (applied_ratios, applied_usage) = if !is_json(applied_text) {
+        listed_applied(applied_text).map_err(listed(APPLIED_ANNOTATION))?
+    } else {
         match plain::string_then_map(applied_text, "policy", "ratios") {
             Some((_policy, ratios)) => (ratios, StrMap::default()),
             None => {
@@ -132,7 +144,8 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
                     .map_err(json(APPLIED_ANNOTATION))?;
                 (applied.ratios, applied.usage)
             }
-        };
+        }
+    };
     let value = |annotation, resource: &str, reason: String| AnnotationError::Value {
         annotation,
         resource: resource.to_string(),
@@ -160,6 +173,71 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
     Ok(Recorded { raw, ratios, usage })
 }
 
+/// Whether an annotation's text is the JSON this webhook wrote before the listed format (an
+/// object: the listed format never starts with `{`).
+fn is_json(text: &str) -> bool {
+    text.trim_start().starts_with('{')
+}
+
+/// The bytes the listed format gives a meaning: a name or value holding one (or a control
+/// character, or empty) is written as JSON instead. Names (policies, resources) and values
+/// (quantities, ratios) as the API server and the policy validation accept them never do.
+fn is_listable(text: &str) -> bool {
+    !text.is_empty()
+        && !text.starts_with('{')
+        && !text
+            .bytes()
+            .any(|b| matches!(b, b',' | b'=' | b';') || b <= b' ')
+}
+
+/// `name=value,name=value,...` (empty: none), borrowed; a name given twice is refused.
+fn listed_map(text: &str) -> Result<StrMap<'_>, String> {
+    let mut map = StrMap::new();
+    if text.is_empty() {
+        return Ok(map);
+    }
+    for entry in text.split(',') {
+        let Some((name, value)) = entry.split_once('=') else {
+            return Err(format!("{entry:?} is not name=value"));
+        };
+        if !is_listable(name) || !is_listable(value) {
+            return Err(format!("{entry:?} is not name=value"));
+        }
+        if map.contains_key(name) {
+            return Err(format!("{name} given twice"));
+        }
+        map.insert(Cow::Borrowed(name), Cow::Borrowed(value));
+    }
+    Ok(map)
+}
+
+/// `policy=NAME;ratios=LIST[;usage=LIST]`: the ratios and the usage values (empty when absent).
+fn listed_applied(text: &str) -> Result<(StrMap<'_>, StrMap<'_>), String> {
+    let mut sections = text.split(';');
+    let mut section = |name: &str| -> Result<Option<&str>, String> {
+        match sections.next() {
+            None => Ok(None),
+            Some(section) => match section.strip_prefix(name).and_then(|s| s.strip_prefix('=')) {
+                Some(value) => Ok(Some(value)),
+                None => Err(format!("{section:?} where {name}= belongs")),
+            },
+        }
+    };
+    let policy = section("policy")?.ok_or("no policy=")?;
+    if !is_listable(policy) {
+        return Err(format!("policy {policy:?} is not a name"));
+    }
+    let ratios = listed_map(section("ratios")?.ok_or("no ratios=")?)?;
+    let usage = match section("usage")? {
+        Some(usage) => listed_map(usage)?,
+        None => StrMap::default(),
+    };
+    if let Some(extra) = sections.next() {
+        return Err(format!("{extra:?} after the last section"));
+    }
+    Ok((ratios, usage))
+}
+
 /// What the annotations should say: under this policy, with these raw values recorded
 /// (resource -> raw text, in the allocatable map's order: sorted and unique).
 #[derive(Clone, Copy)]
@@ -172,44 +250,81 @@ pub(super) struct Desired<'d> {
 
 impl Desired<'_> {
     /// Whether annotation `key` (one of `KEYS`) already says exactly this (compared as it is
-    /// written: nothing is built).
+    /// written: nothing is built but the usage rule's values).
     pub(super) fn is_written(&self, key: &str, current: &str) -> bool {
-        match self.is_written_plain(key, current) {
-            Some(same) => same,
-            None => writes_exactly(current, |out| self.write(key, out)),
+        if !self.is_listable(key) {
+            return writes_exactly(current, |out| self.write_json(key, out));
         }
-    }
-
-    /// `is_written` without serde_json where what would be written needs no escape and holds
-    /// no usage member (the usual review: serde_json's writer costs ~1,300 instructions per
-    /// annotation here); `None` otherwise.
-    fn is_written_plain(&self, key: &str, current: &str) -> Option<bool> {
         let mut expect = Expected(current.as_bytes());
-        let same = if key == RAW_ALLOCATABLE_ANNOTATION {
-            expect.map(self.raw_record.iter().map(|(k, v)| (*k, *v)))?
-        } else {
-            if !self.usage_written.is_empty() {
-                return None;
-            }
-            let ratios = self.policy.ratios.iter();
-            expect.literal("{\"policy\":")
-                && expect.string(&self.policy.name)?
-                && expect.literal(",\"ratios\":")
-                && expect.map(ratios.map(|(k, (text, _))| (k.as_str(), text.as_str())))?
-                && expect.literal("}")
-        };
-        Some(same && expect.0.is_empty())
+        self.listed(key, |piece| expect.literal(piece)) && expect.0.is_empty()
     }
 
-    /// The JSON of annotation `key` (one of `KEYS`).
+    /// The text of annotation `key` (one of `KEYS`).
     pub(super) fn value(&self, key: &str) -> Result<String, serde_json::Error> {
+        if self.is_listable(key) {
+            let mut out = String::with_capacity(96);
+            self.listed(key, |piece| {
+                out.push_str(piece);
+                true
+            });
+            return Ok(out);
+        }
         let mut out = Vec::with_capacity(128);
-        self.write(key, &mut out)?;
+        self.write_json(key, &mut out)?;
         // serde_json writes UTF-8.
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
-    fn write<W: std::io::Write>(&self, key: &str, out: W) -> Result<(), serde_json::Error> {
+    /// Whether every name and value annotation `key` holds can be written in the listed format
+    /// (always, for what the API server and the policy validation accept).
+    fn is_listable(&self, key: &str) -> bool {
+        let pair = |(name, value): (&str, &str)| is_listable(name) && is_listable(value);
+        if key == RAW_ALLOCATABLE_ANNOTATION {
+            return self.raw_record.iter().copied().all(pair);
+        }
+        is_listable(&self.policy.name)
+            && self
+                .policy
+                .ratios
+                .iter()
+                .map(|(r, (t, _))| (r.as_str(), t.as_str()))
+                .all(pair)
+            && self
+                .usage_written
+                .iter()
+                .all(|(resource, value)| is_listable(resource) && is_listable(&value.to_string()))
+    }
+
+    /// Annotation `key` in the listed format, piece by piece to `piece` (which says whether to
+    /// go on): `cpu=4,memory=16Gi` and `policy=batch;ratios=cpu=2,memory=1.5`, with
+    /// `;usage=cpu=6` where the usage rule wrote a value. Whether every piece was taken.
+    fn listed(&self, key: &str, mut piece: impl FnMut(&str) -> bool) -> bool {
+        if key == RAW_ALLOCATABLE_ANNOTATION {
+            return list(self.raw_record.iter().copied(), &mut piece);
+        }
+        let ratios = self
+            .policy
+            .ratios
+            .iter()
+            .map(|(r, (t, _))| (r.as_str(), t.as_str()));
+        let static_part = piece("policy=")
+            && piece(&self.policy.name)
+            && piece(";ratios=")
+            && list(ratios, &mut piece);
+        if !static_part || self.usage_written.is_empty() {
+            return static_part;
+        }
+        let texts: Vec<(&str, String)> = self
+            .usage_written
+            .iter()
+            .map(|(resource, value)| (*resource, value.to_string()))
+            .collect();
+        piece(";usage=") && list(texts.iter().map(|(r, t)| (*r, t.as_str())), &mut piece)
+    }
+
+    /// The JSON this webhook wrote before the listed format, for names or values the listed
+    /// format cannot hold.
+    fn write_json<W: std::io::Write>(&self, key: &str, out: W) -> Result<(), serde_json::Error> {
         if key == RAW_ALLOCATABLE_ANNOTATION {
             serde_json::to_writer(out, &RawOut(self.raw_record))
         } else {
@@ -221,6 +336,17 @@ impl Desired<'_> {
             serde_json::to_writer(out, &applied)
         }
     }
+}
+
+/// `name=value` pairs joined by `,`, piece by piece to `piece`; whether every piece was taken.
+fn list<'p>(
+    pairs: impl Iterator<Item = (&'p str, &'p str)>,
+    piece: &mut impl FnMut(&str) -> bool,
+) -> bool {
+    let mut pairs = pairs.enumerate();
+    pairs.all(|(n, (name, value))| {
+        (n == 0 || piece(",")) && piece(name) && piece("=") && piece(value)
+    })
 }
 
 /// JSON of the `overcommit.dev/applied` annotation, as written: keys in this order.
@@ -270,9 +396,8 @@ impl Serialize for RawOut<'_> {
     }
 }
 
-/// What an annotation should say, compared piece by piece as serde_json would write it: each
-/// method says whether its piece came next (and consumes it); `string` and `map` give `None`
-/// for text serde_json would escape (`"`, `\\`, control characters).
+/// What an annotation should say, compared piece by piece as it would be written: `literal`
+/// says whether its piece came next (and consumes it).
 struct Expected<'e>(&'e [u8]);
 
 impl Expected<'_> {
@@ -284,29 +409,6 @@ impl Expected<'_> {
             }
             None => false,
         }
-    }
-
-    fn string(&mut self, text: &str) -> Option<bool> {
-        if text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
-            return None;
-        }
-        Some(self.literal("\"") && self.literal(text) && self.literal("\""))
-    }
-
-    fn map<'m>(&mut self, entries: impl Iterator<Item = (&'m str, &'m str)>) -> Option<bool> {
-        if !self.literal("{") {
-            return Some(false);
-        }
-        for (n, (key, value)) in entries.enumerate() {
-            let same = (n == 0 || self.literal(","))
-                && self.string(key)?
-                && self.literal(":")
-                && self.string(value)?;
-            if !same {
-                return Some(false);
-            }
-        }
-        Some(self.literal("}"))
     }
 }
 
@@ -346,34 +448,39 @@ impl std::io::Write for SameBytes<'_> {
 mod tests {
     use super::*;
 
-    /// The comparison without serde_json answers as comparing with serde_json's writing does,
-    /// for names, resources and values with and without characters serde_json escapes, and for
-    /// current texts that differ anywhere.
-    #[test]
-    fn plain_comparison_answers_as_serde_json_writing() {
-        let policy = |name: &str, ratios: &[(&str, &str)]| CompiledPolicy {
+    fn policy(name: &str, ratios: &[(&str, &str)]) -> CompiledPolicy {
+        CompiledPolicy {
             name: name.to_string(),
             priority: 0,
             selector: Default::default(),
             ratios: ratios
                 .iter()
-                .map(|(r, t)| (r.to_string(), (t.to_string(), Ratio::parse("1").unwrap())))
+                .map(|(r, t)| (r.to_string(), (t.to_string(), Ratio::parse("2").unwrap())))
                 .collect(),
             pod_defaults: None,
             usage: None,
             cap: None,
-        };
+        }
+    }
+
+    /// Comparing piece by piece answers as comparing with the text written does, for names,
+    /// resources and values the listed format holds and ones it leaves to JSON, and for current
+    /// texts that differ anywhere; and what is written reads back as what was meant.
+    #[test]
+    fn comparison_answers_as_the_written_text_and_reads_back() {
         let policies = [
             policy("batch", &[("cpu", "2"), ("memory", "1.5")]),
             policy("b\"q", &[("cpu", "2")]),
             policy("nl\n", &[]),
             policy("x", &[("a\\b", "2"), ("cpu", "3")]),
+            policy("semi;colon", &[("cpu", "2")]),
         ];
-        let raws: [&[(&str, &str)]; 4] = [
+        let raws: [&[(&str, &str)]; 5] = [
             &[("cpu", "4"), ("memory", "16Gi")],
             &[],
             &[("cpu", "4\"")],
             &[("example.com/gpu", "2"), ("pods", "110")],
+            &[("a=b", "1"), ("c", "2,3")],
         ];
         let usage = [("cpu", Quantity::parse("8").unwrap())];
         for policy in &policies {
@@ -384,8 +491,11 @@ mod tests {
                         raw_record,
                         usage_written,
                     };
+                    let mut annotations = StrMap::new();
                     for key in KEYS {
                         let written = desired.value(key).unwrap();
+                        let listed = desired.is_listable(key);
+                        assert_eq!(!is_json(&written), listed, "{key}: {written}");
                         let mut currents = vec![written.clone(), String::new(), "{}".into()];
                         // Every shorter, longer and one-byte-different text.
                         for cut in 0..written.len() {
@@ -396,26 +506,116 @@ mod tests {
                         }
                         currents.push(format!("{written} "));
                         for current in &currents {
-                            let by_serde = writes_exactly(current, |out| desired.write(key, out));
                             assert_eq!(
                                 desired.is_written(key, current),
-                                by_serde,
+                                *current == written,
                                 "{key}: {current:?} vs {written:?}"
                             );
-                            if let Some(plain) = desired.is_written_plain(key, current) {
-                                assert_eq!(plain, by_serde, "{key}: {current:?}");
-                            }
                         }
-                        assert!(desired.is_written(key, &written), "{key}: {written}");
-                        // The usual annotations are compared without serde_json.
-                        let plain = policy.name == "batch"
-                            && raw_record.first() == Some(&("cpu", "4"))
-                            && usage_written.is_empty();
-                        if plain {
-                            assert_eq!(desired.is_written_plain(key, &written), Some(true));
-                        }
+                        annotations.insert(Cow::Owned(key.to_string()), Cow::Owned(written));
                     }
+                    if raw_record.iter().any(|(_, v)| Quantity::parse(v).is_err()) {
+                        continue; // written and compared, but not a quantity to read back
+                    }
+                    let recorded = read(&annotations).unwrap_or_else(|e| panic!("{e}"));
+                    for (resource, text) in raw_record {
+                        let Some(((raw_text, _), _)) = recorded.get(resource) else {
+                            panic!("{resource} not recorded");
+                        };
+                        assert_eq!(raw_text, text);
+                    }
+                    for (resource, (text, _)) in &policy.ratios {
+                        let ratio = recorded.ratios.get(resource.as_str());
+                        assert_eq!(ratio, Ratio::parse(text).ok().as_ref(), "{resource}");
+                    }
+                    assert_eq!(recorded.usage.len(), usage_written.len());
                 }
+            }
+        }
+    }
+
+    /// The listed format as the in-process policy's CEL reads it, and what is refused.
+    #[test]
+    fn listed_annotations_read_back_or_are_refused() {
+        let read_pair = |raw: &str, applied: &str| {
+            let mut annotations = StrMap::new();
+            annotations.insert(
+                Cow::Borrowed(RAW_ALLOCATABLE_ANNOTATION),
+                Cow::Borrowed(raw),
+            );
+            annotations.insert(Cow::Borrowed(APPLIED_ANNOTATION), Cow::Borrowed(applied));
+            read(&annotations)
+                .map(|r| {
+                    let raw: Vec<String> =
+                        r.raw.iter().map(|(k, (t, _))| format!("{k}={t}")).collect();
+                    let usage: Vec<String> =
+                        r.usage.iter().map(|(k, q)| format!("{k}={q}")).collect();
+                    (raw.join(","), r.ratios.len(), usage.join(","))
+                })
+                .map_err(|e| e.to_string())
+        };
+        let ok = |raw: &str, ratios, usage: &str| Ok((raw.to_string(), ratios, usage.to_string()));
+        let cases: &[(&str, &str, Result<(String, usize, String), String>)] = &[
+            (
+                "cpu=4,memory=16Gi",
+                "policy=batch;ratios=cpu=2,memory=1.5",
+                ok("cpu=4,memory=16Gi", 2, ""),
+            ),
+            (
+                "example.com/gpu=2",
+                "policy=gpu;ratios=example.com/gpu=2",
+                ok("example.com/gpu=2", 1, ""),
+            ),
+            ("", "policy=none;ratios=", ok("", 0, "")),
+            (
+                "cpu=4",
+                "policy=u;ratios=cpu=2;usage=cpu=6",
+                ok("cpu=4", 1, "cpu=6"),
+            ),
+            // The JSON written before the listed format still reads.
+            (
+                r#"{"cpu":"4"}"#,
+                r#"{"policy":"batch","ratios":{"cpu":"2"}}"#,
+                ok("cpu=4", 1, ""),
+            ),
+            (
+                "cpu=4",
+                r#"{"policy":"batch","ratios":{"cpu":"2"}}"#,
+                ok("cpu=4", 1, ""),
+            ),
+        ];
+        for (raw, applied, expected) in cases {
+            assert_eq!(&read_pair(raw, applied), expected, "{raw} / {applied}");
+        }
+        let refused: &[(&str, &str, &str)] = &[
+            ("cpu=4,cpu=5", "policy=a;ratios=cpu=2", "cpu given twice"),
+            ("cpu", "policy=a;ratios=cpu=2", "is not name=value"),
+            ("cpu=", "policy=a;ratios=cpu=2", "is not name=value"),
+            ("cpu=4,", "policy=a;ratios=cpu=2", "is not name=value"),
+            ("cpu= 4", "policy=a;ratios=cpu=2", "is not name=value"),
+            (
+                "cpu=four",
+                "policy=a;ratios=cpu=2",
+                "overcommit.dev/raw-allocatable cpu",
+            ),
+            ("cpu=4", "ratios=cpu=2;policy=a", "where policy= belongs"),
+            ("cpu=4", "policy=a", "no ratios="),
+            ("cpu=4", "policy=;ratios=cpu=2", "is not a name"),
+            (
+                "cpu=4",
+                "policy=a;ratios=cpu=2;usage=cpu=6;x=1",
+                "after the last section",
+            ),
+            (
+                "cpu=4",
+                "policy=a;ratios=cpu=two",
+                "overcommit.dev/applied cpu",
+            ),
+        ];
+        for (raw, applied, reason) in refused {
+            match read_pair(raw, applied) {
+                Err(e) => assert!(e.contains(reason), "{raw} / {applied}: {e}"),
+                Ok(read) => panic!("{raw} / {applied} read as {read:?}"),
             }
         }
     }
