@@ -1,16 +1,25 @@
 //! The codec of the node annotations the rule keeps its memory in. Pure.
 //!
-//! - `overcommit.dev/raw-allocatable`: a JSON map, resource -> the kubelet's allocatable, for
-//!   each resource this webhook inflated (`{"cpu":"4","memory":"16Gi"}`).
-//! - `overcommit.dev/applied`: JSON `{"policy": name, "ratios": {resource: ratio}}`, the
-//!   policy and ratios it applied, written in that member order. Under a usage policy
-//!   (`spec.usage`), a third member `"usage": {resource: allocatable}` holds the value written
-//!   for each resource the usage rule set (not a fallback): a fixed ratio cannot recompute it.
-//!   Static policies never write it, so their annotations are as before.
+//! Written in the listed format, which CEL (the in-process MutatingAdmissionPolicy) reads
+//! with `split`:
+//! - `overcommit.dev/raw-allocatable`: `resource=quantity` pairs joined by `,`, for each
+//!   resource this webhook inflated, in resource order (`cpu=4,memory=16Gi`; empty: none).
+//! - `overcommit.dev/applied`: `policy=NAME;ratios=PAIRS`, the policy and the ratios it applied
+//!   (`policy=batch;ratios=cpu=2,memory=1.5`). Under a usage policy (`spec.usage`), a third
+//!   section `;usage=PAIRS` holds the value written for each resource the usage rule set (not a
+//!   fallback): a fixed ratio cannot recompute it. Static policies never write it.
 //!
-//! Read back with `overcommit_json::plain` where they are written as this webhook writes them,
-//! with serde_json otherwise (same values, same errors). Written by serde_json, and compared
-//! with what a node carries as they are written, so that the usual review builds no string.
+//! `,`, `=` and `;` never appear in what the API server and the policy validation accept as
+//! policy names, resource names, quantities and ratios; a name or value holding one (or
+//! nothing, or a space) is written in the JSON format instead.
+//!
+//! The JSON format is what earlier versions wrote (`{"cpu":"4","memory":"16Gi"}` and
+//! `{"policy":"batch","ratios":{"cpu":"2"},"usage":{...}}`): a text starting with `{` is read
+//! as JSON, so a node written by an earlier version is read as it was meant, and rewritten in
+//! the listed format at its next write (its allocatable unchanged: the rule's tables check it).
+//! JSON is read with `overcommit_json::plain` where written as earlier versions wrote it, with
+//! serde_json otherwise. Both formats are compared with what a node carries as they would be
+//! written, so that the usual review builds no string.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -21,9 +30,9 @@ use serde::{Deserialize, Serialize};
 use crate::policy::CompiledPolicy;
 use crate::quantity::{Quantity, Ratio};
 
-/// Node annotation: the kubelet's allocatable for each inflated resource (JSON map).
+/// Node annotation: the kubelet's allocatable for each inflated resource (`cpu=4,memory=16Gi`).
 pub const RAW_ALLOCATABLE_ANNOTATION: &str = "overcommit.dev/raw-allocatable";
-/// Node annotation: what was applied (JSON `{"policy": name, "ratios": {resource: ratio}}`).
+/// Node annotation: what was applied (`policy=batch;ratios=cpu=2,memory=1.5`).
 pub const APPLIED_ANNOTATION: &str = "overcommit.dev/applied";
 /// Both, in the order they are written.
 pub(super) const KEYS: [&str; 2] = [RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION];
