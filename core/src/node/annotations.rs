@@ -564,7 +564,8 @@ mod tests {
                 .map_err(|e| e.to_string())
         };
         let ok = |raw: &str, ratios, usage: &str| Ok((raw.to_string(), ratios, usage.to_string()));
-        let cases: &[(&str, &str, Result<(String, usize, String), String>)] = &[
+        type Read = Result<(String, usize, String), String>;
+        let cases: &[(&str, &str, Read)] = &[
             (
                 "cpu=4,memory=16Gi",
                 "policy=batch;ratios=cpu=2,memory=1.5",
