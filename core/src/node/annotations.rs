@@ -115,6 +115,29 @@ struct AppliedIn<'a> {
 #[serde(transparent)]
 struct RawIn<'a>(#[serde(borrow, deserialize_with = "borrowed::str_map")] StrMap<'a>);
 
+/// The `overcommit.dev/raw-allocatable` annotation as a map, resource -> the kubelet's
+/// quantity as written, in either format (for readers outside the rule: metrics, `status`,
+/// the placement cap). The quantities are not parsed here.
+pub fn raw_allocatable_map(text: &str) -> Result<BTreeMap<String, String>, AnnotationError> {
+    let map = if is_json(text) {
+        serde_json::from_str::<RawIn<'_>>(text)
+            .map_err(|e| AnnotationError::Json {
+                annotation: RAW_ALLOCATABLE_ANNOTATION,
+                reason: e.to_string(),
+            })?
+            .0
+    } else {
+        listed_map(text).map_err(|reason| AnnotationError::Listed {
+            annotation: RAW_ALLOCATABLE_ANNOTATION,
+            reason,
+        })?
+    };
+    Ok(map
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
 /// Read both annotations back. Both must be there and readable, or neither counts.
 pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, AnnotationError> {
     let missing = |present, missing| AnnotationError::Missing { present, missing };

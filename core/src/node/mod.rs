@@ -53,6 +53,7 @@ use crate::quantity::{Format, MAX_UNITS, Quantity, QuantityError, Ratio};
 
 pub use self::annotations::{
     APPLIED_ANNOTATION, AnnotationError, RAW_ALLOCATABLE_ANNOTATION, carries_overcommit_annotations,
+    raw_allocatable_map,
 };
 
 /// The parts of a Node the rule reads.
