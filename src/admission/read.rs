@@ -1369,6 +1369,9 @@ fn read_old_object<'a>(
         fields,
         |old: &mut OldObjectIn<'a>, name, members| {
             if name == "status" {
+                // Stopping after the conditions leaves the rest unread: only once the
+                // annotations, when needed, are read (the API server writes metadata first).
+                let may_stop = may_stop && (!reads.annotations || old.metadata.is_some());
                 let (status, after) = read_member(
                     body,
                     members,
