@@ -23,7 +23,7 @@ pub mod state;
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
@@ -188,8 +188,37 @@ struct Target {
     facts: PodFacts,
 }
 
-/// See `decide`.
-static DECIDING: Mutex<()> = Mutex::new(());
+/// One decision per node at a time, from reading the node's sum to recording the binding it
+/// allows: two reviews at once for one node (the API server calls over several connections)
+/// must not both pass on the same sum, while reviews for different nodes go on side by side.
+/// A node's slot lives while a decision holds or waits for it (so the map holds at most the
+/// nodes being decided right now).
+static DECIDING: Mutex<BTreeMap<String, Arc<Mutex<()>>>> = Mutex::new(BTreeMap::new());
+
+/// Run `decide` holding `node`'s slot in [`DECIDING`].
+fn one_at_a_time_on<R>(node: &str, decide: impl FnOnce() -> R) -> R {
+    let slot = {
+        let mut slots = DECIDING.lock().unwrap_or_else(PoisonError::into_inner);
+        match slots.get(node) {
+            Some(slot) => Arc::clone(slot),
+            None => {
+                let slot = Arc::new(Mutex::new(()));
+                slots.insert(node.to_string(), Arc::clone(&slot));
+                slot
+            }
+        }
+    };
+    let decided = {
+        let _held = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        decide()
+    };
+    let mut slots = DECIDING.lock().unwrap_or_else(PoisonError::into_inner);
+    // The map's and this decision's: nobody else holds or waits (a clone needs the map's lock).
+    if Arc::strong_count(&slot) == 2 {
+        slots.remove(node);
+    }
+    decided
+}
 
 fn decide(
     request: RequestIn,
@@ -206,29 +235,28 @@ fn decide(
     let Some(cap) = cap::node_cap(&policies.for_node(&node.labels)) else {
         return Ok(CapDecision::Allow);
     };
-    // One decision at a time, from reading the node's sum to recording the binding it allows:
-    // two reviews at once (the API server calls over several connections) must not both pass
-    // on the same sum. Held for the sum, the pure check and the ledger entry (microseconds),
-    // on /validate only.
-    let _one_at_a_time = DECIDING.lock().unwrap_or_else(PoisonError::into_inner);
-    let requested = source.requested(&target.node, &target.namespace, &target.name);
-    let decision = cap::check(&Placement {
-        node: &target.node,
-        pod: &target.name,
-        cap: Some(cap),
-        raw: &node.raw,
-        requested: &requested,
-        pod_requests: &target.facts.requests,
-        mirror: target.facts.mirror,
+    // Held for the sum, the pure check and the ledger entry (microseconds), on /validate only.
+    let decision = one_at_a_time_on(&target.node, || {
+        let requested = source.requested(&target.node, &target.namespace, &target.name);
+        let decision = cap::check(&Placement {
+            node: &target.node,
+            pod: &target.name,
+            cap: Some(cap),
+            raw: &node.raw,
+            requested: &requested,
+            pod_requests: &target.facts.requests,
+            mirror: target.facts.mirror,
+        });
+        if !dry_run && !matches!(decision, CapDecision::Deny(_)) {
+            source.allowed(
+                &target.namespace,
+                &target.name,
+                &target.node,
+                &target.facts.requests,
+            );
+        }
+        decision
     });
-    if !dry_run && !matches!(decision, CapDecision::Deny(_)) {
-        source.allowed(
-            &target.namespace,
-            &target.name,
-            &target.node,
-            &target.facts.requests,
-        );
-    }
     Ok(decision)
 }
 

@@ -598,3 +598,76 @@ fn dry_run_bindings_are_answered_but_not_counted() {
         )
     );
 }
+
+/// A source whose `requested` for worker-1 waits (up to 2 s) until a review for another node
+/// has been decided, and records whether it was.
+struct HoldsWorker1<'a> {
+    inner: &'a Fake,
+    inside: std::sync::atomic::AtomicBool,
+    other_done: std::sync::atomic::AtomicBool,
+    saw_other_done: std::sync::atomic::AtomicBool,
+}
+
+impl PlacementSource for HoldsWorker1<'_> {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.inner.node(name)
+    }
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
+        self.inner.pod(namespace, name)
+    }
+    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
+        use std::sync::atomic::Ordering;
+        if node == "worker-1" {
+            self.inside.store(true, Ordering::SeqCst);
+            let until = Instant::now() + Duration::from_secs(2);
+            while !self.other_done.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.saw_other_done
+                .store(self.other_done.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
+        self.inner.requested(node, namespace, name)
+    }
+    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
+        self.inner.allowed(namespace, name, node, requests);
+    }
+}
+
+/// Bindings to different nodes do not wait for each other: while a decision for worker-1 is
+/// in the middle (between reading the sum and recording the binding), one for worker-2 is
+/// decided (with one lock for every node, it would wait until worker-1's is done).
+#[test]
+fn bindings_to_different_nodes_are_decided_side_by_side() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (mut fake, policies) = fake("Enforce");
+    if let Some(worker) = fake.nodes.get("worker-1").cloned() {
+        fake.nodes.insert("worker-2".to_string(), worker);
+    }
+    add_pods(&mut fake, &["default/a", "default/b"], 600);
+    let source = HoldsWorker1 {
+        inner: &fake,
+        inside: AtomicBool::new(false),
+        other_done: AtomicBool::new(false),
+        saw_other_done: AtomicBool::new(false),
+    };
+    let (one, two) = (binding("a", "worker-1"), binding("b", "worker-2"));
+    let outcomes = std::thread::scope(|s| {
+        let first = s.spawn(|| handle(&one, &policies, &source).outcome);
+        let second = s.spawn(|| {
+            let until = Instant::now() + Duration::from_secs(2);
+            while !source.inside.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let outcome = handle(&two, &policies, &source).outcome;
+            source.other_done.store(true, Ordering::SeqCst);
+            outcome
+        });
+        [first.join(), second.join()].map(|h| h.unwrap_or(CapOutcome::FailedOpen))
+    });
+    assert_eq!(outcomes, [CapOutcome::Allowed, CapOutcome::Allowed]);
+    assert!(source.inside.load(Ordering::SeqCst));
+    assert!(
+        source.saw_other_done.load(Ordering::SeqCst),
+        "the binding to worker-2 waited for the one to worker-1"
+    );
+}
