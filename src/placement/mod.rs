@@ -323,7 +323,9 @@ fn target(
                 .namespace
                 .or_else(|| pod.metadata.namespace.clone())
                 .unwrap_or_default();
-            // generateName pods have no name until the API server gives one after admission.
+            // The API server generates a generateName pod's name (and uid) before validating
+            // admission (tests/cluster: TestRequestCapGenerateName), so the name is there; the
+            // prefix is only a fallback for a review that lacks it.
             let name = pod
                 .metadata
                 .name
