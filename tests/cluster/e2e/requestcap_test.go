@@ -661,7 +661,8 @@ func TestRequestCapBurst(t *testing.T) {
 // BeforeCreate runs between mutating and validating admission), so the cap sees and counts each
 // pod under its own name, and holds exactly as for named pods: 22 created, 18 refused, each
 // refusal naming a generated pod (never the bare prefix, which would make every pod one ledger
-// entry and let the burst through).
+// entry and let the burst through). Then a binding of a pod the index does not hold is decided
+// on one GET of the pod, counted in kube_overcommit_placement_pod_reads_total.
 func TestRequestCapGenerateName(t *testing.T) {
 	ctx := harness.Context(t, 4*time.Minute)
 	ns := uniqueName("ko-gen")
@@ -727,6 +728,27 @@ func TestRequestCapGenerateName(t *testing.T) {
 	t.Logf("generateName burst: %d created, %d refused (distinct generated names); %dm on the node (cap 4400m)", len(created), len(refused), milli)
 	if len(created) != 22 || len(refused) != 18 || milli != 4400 {
 		t.Errorf("%d created, %d refused, %dm on the node; want exactly 22, 18 and 4400m", len(created), len(refused), milli)
+	}
+
+	// A binding naming a pod the replica's index does not hold is decided on one GET of the
+	// pod from this API server: one that does not exist is allowed (the API server refuses the
+	// binding itself) and the read is counted.
+	replica := rs.in.Replicas()[0]
+	notFound := `kube_overcommit_placement_pod_reads_total{result="not_found"}`
+	before, err := replicaMetrics(replica)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed, msg, err := validateBinding(ctx, replica, podNS, "never-created", node)
+	if err != nil || !allowed {
+		t.Fatalf("binding of a pod that does not exist: allowed %v %q %v", allowed, msg, err)
+	}
+	after, err := replicaMetrics(replica)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after[notFound] != before[notFound]+1 {
+		t.Errorf("%s: %v -> %v, want one more read", notFound, before[notFound], after[notFound])
 	}
 }
 
