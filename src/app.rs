@@ -84,8 +84,9 @@ pub struct ServeArgs {
     pub heartbeat_refresh: Duration,
 
     /// Usage policies (spec.usage): list NodeMetrics from metrics.k8s.io this often. A node's
-    /// sample older than 3 polls, or a failed poll, makes its policy fall back to nodeRatios.
-    /// The poller and the pod watch start when a policy with spec.usage is first in force.
+    /// newest sample older (by its own timestamp) than its window plus 3 intervals, or a failed
+    /// poll, makes its policy fall back to nodeRatios. The poller and the pod watch run only
+    /// while a policy with spec.usage is in force.
     #[arg(long, env = "KUBE_OVERCOMMIT_USAGE_INTERVAL", default_value = "30s", value_parser = duration_arg)]
     pub usage_interval: Duration,
 }
@@ -177,19 +178,13 @@ async fn start(
     let store = PolicyStore::new(shared.metrics.clone(), policies_synced);
     let source = start_policy_source(args, store.clone(), shared.shutdown.clone()).await?;
 
-    let usage = UsageCaches::new(shared.metrics.clone());
+    let usage = UsageCaches::new(shared.metrics.clone(), args.usage_interval);
     let (detail, in_force) = (usage.clone(), store.clone());
     shared.readiness.add_detail("usage", move || {
         detail.detail(in_force.current().has_usage())
     });
     let (placement, placement_tasks) = start_placement(args, shared, &usage).await?;
-    let usage_task = start_usage(
-        args,
-        shared,
-        store.clone(),
-        usage.clone(),
-        !args.request_cap,
-    )?;
+    let usage_task = start_usage(args, shared, store.clone(), usage.clone(), args.request_cap)?;
     let webhook = Arc::new(Webhook {
         policies: store.cell(),
         settings: Settings {
@@ -315,61 +310,47 @@ async fn watch_pods(client: kube::Client, sinks: PodSinks, shutdown: Signal) {
     }
 }
 
-/// The usage caches' feeders, started when a policy with `spec.usage` is first in force (a
-/// cluster without usage policies pays nothing): the metrics.k8s.io poller, and the pod watch
-/// unless `--request-cap` already runs it (`own_pod_watch` false). Until then, and when no
-/// client can be built, usage policies keep the stored allocatable or fall back (not synced).
+/// The usage caches' feeders, running while a policy with `spec.usage` is in force (a
+/// cluster without usage policies pays nothing, and removing the last one stops them): the
+/// metrics.k8s.io poller, and the pod watch unless `--request-cap` already runs it
+/// (`cap_watch`). Without them, usage policies keep the stored allocatable or fall back (not
+/// synced).
 fn start_usage(
     args: &ServeArgs,
     shared: &Shared,
     store: PolicyStore,
     usage: Arc<UsageCaches>,
-    own_pod_watch: bool,
+    cap_watch: bool,
 ) -> anyhow::Result<JoinHandle<()>> {
     if args.usage_interval.is_zero() {
         anyhow::bail!("--usage-interval must be longer than 0");
     }
-    let interval = args.usage_interval;
-    let shutdown = shared.shutdown.clone();
-    Ok(tokio::spawn(async move {
-        if !sources::usage::usage_policy_seen(&store, &shutdown).await {
-            return;
-        }
-        let clients = async {
-            let config = kube::Config::infer().await?;
-            // No retries for metrics.k8s.io: a 503 must count as a failed poll at once.
-            let mut once = config.clone();
-            once.default_retry = false;
-            Ok::<_, anyhow::Error>((
-                kube::Client::try_from(config)?,
-                kube::Client::try_from(once)?,
-            ))
-        };
-        let (client, metrics_client) = match clients.await {
-            Ok(clients) => clients,
-            Err(e) => {
-                tracing::error!(error = %e, "usage policies need the API server (pods, metrics.k8s.io): no client; they keep the stored allocatable or fall back");
-                return;
-            }
-        };
-        tracing::info!(interval = ?interval, "a usage policy is in force: polling metrics.k8s.io{}", if own_pod_watch { " and watching pods" } else { "" });
-        let poller = sources::usage::poll(
-            metrics_client,
-            usage.clone(),
-            store,
-            interval,
-            shutdown.clone(),
-        );
-        if own_pod_watch {
-            let sinks = PodSinks {
-                placement: None,
-                usage: Some(usage),
-            };
-            tokio::join!(poller, watch_pods(client, sinks, shutdown));
-        } else {
-            poller.await;
-        }
-    }))
+    let clients = || async {
+        let mut config = kube::Config::infer().await?;
+        config.headers.push((
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static(concat!(
+                "kube-overcommit/",
+                env!("CARGO_PKG_VERSION"),
+                " (usage)"
+            )),
+        ));
+        let mut once = config.clone();
+        once.default_retry = false;
+        Ok::<_, anyhow::Error>((
+            kube::Client::try_from(config)?,
+            kube::Client::try_from(once)?,
+        ))
+    };
+    Ok(tokio::spawn(sources::usage::run(
+        usage,
+        store,
+        args.usage_interval,
+        Duration::from_secs(1),
+        cap_watch,
+        clients,
+        shared.shutdown.clone(),
+    )))
 }
 
 /// The policy file (read once now) or, without one, the OvercommitPolicy watch.

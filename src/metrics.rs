@@ -274,6 +274,8 @@ pub struct Metrics {
     pub usage_synced: Family<UsageCacheLabels, Gauge>,
     /// Polls of metrics.k8s.io by result.
     pub usage_polls: Family<ReloadLabels, Counter>,
+    /// Whether each usage cache's feeder runs in this replica (1) or not (0).
+    pub usage_feeder_running: Family<UsageCacheLabels, Gauge>,
     /// Nodes with usage samples in the window.
     pub usage_nodes: Gauge,
     /// Pods in the usage pod index.
@@ -342,6 +344,7 @@ impl Metrics {
             usage_fallbacks,
             usage_synced: Family::default(),
             usage_polls: Family::default(),
+            usage_feeder_running: Family::default(),
             usage_nodes: Gauge::default(),
             usage_pods: Gauge::default(),
         };
@@ -412,13 +415,18 @@ impl Metrics {
         );
         root.register(
             "usage_fallbacks",
-            "Node reviews under a usage policy where a resource took the fallback (nodeRatios or raw) instead of following usage, by reason: no_sample, stale (older than 3 polls), metrics_failing, not_synced",
+            "Node reviews under a usage policy where a resource took the fallback (nodeRatios or raw) instead of following usage, by reason: no_sample, stale (newest sample older than its window plus 3 x --usage-interval, by its own timestamp), metrics_failing, not_synced",
             fallbacks_family,
         );
         root.register(
             "usage_synced",
-            "Whether this replica's usage cache has been read completely (1) or not yet (0): pods (the pod index), metrics (metrics.k8s.io)",
+            "Whether this replica's usage cache has been read completely (1) or not yet (0): pods (the pod index), metrics (metrics.k8s.io); 0 while its feeder is stopped",
             m.usage_synced.clone(),
+        );
+        root.register(
+            "usage_feeder_running",
+            "Whether this replica feeds the usage cache (1) or not (0): metrics (the metrics.k8s.io poller), pods (a pod watch, the usage task's own or the request cap's); the usage feeders run only while a usage policy is in force",
+            m.usage_feeder_running.clone(),
         );
         root.register(
             "usage_polls",

@@ -44,8 +44,8 @@ pub struct ReviewArgs {
     /// whose heartbeat ages matter; default: now.
     #[arg(long, value_parser = parse_now)]
     pub now: Option<i64>,
-    /// For usage policies: the node's usage as JSON (synced, metricsFailing, pollsSinceSample,
-    /// cpu/memory: {requested, peakUsage}); see docs/policy.md. Without it or the flags below,
+    /// For usage policies: the node's usage as JSON (synced, metricsFailing, sampleAge,
+    /// sampleWindow, usageInterval, cpu/memory: {requested, peakUsage}); see docs/policy.md. Without it or the flags below,
     /// usage is unknown and usage policies fall back to nodeRatios.
     #[arg(long, env = "KUBE_OVERCOMMIT_USAGE_FILE")]
     pub usage_file: Option<PathBuf>,

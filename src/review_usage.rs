@@ -4,17 +4,21 @@
 //!
 //! The file:
 //! ```json
-//! {"synced": true, "metricsFailing": false, "pollsSinceSample": 0,
+//! {"synced": true, "metricsFailing": false,
+//!  "sampleAge": "20s", "sampleWindow": "15s", "usageInterval": "30s",
 //!  "cpu": {"requested": "10", "peakUsage": "4"},
 //!  "memory": {"requested": "8Gi", "peakUsage": "6Gi"}}
 //! ```
 //! Every member is optional: `synced` defaults to true, `metricsFailing` to false,
-//! `pollsSinceSample` to 0 (a fresh sample), `requested` and `peakUsage` to 0; a resource left
+//! `sampleAge` (now minus the newest sample's timestamp) to 0s (a fresh sample),
+//! `sampleWindow` (the NodeMetrics `window`) to 0s, `usageInterval` (serve's
+//! `--usage-interval`) to 30s; durations in the one grammar (`500ms`, `15s`, `2m`; a sample is
+//! stale past window + 3 x interval); `requested` and `peakUsage` to 0; a resource left
 //! out has no sample (the fallback applies). Flags `--requested cpu=10` and
 //! `--peak-usage cpu=4` set (or override) one resource each. Quantities are rounded up to the
 //! rule's units (cpu: millicores, memory: bytes), as the scheduler rounds requests.
 
-use overcommit_core::node::usage::{NodeUsage, UsageView};
+use overcommit_core::node::usage::{DEFAULT_POLL_INTERVAL_MS, NodeUsage, UsageView};
 use overcommit_core::quantity::{Quantity, QuantityError};
 use serde::Deserialize;
 
@@ -25,6 +29,11 @@ use crate::admission::NodeUsageSource;
 pub enum UsageInputError {
     #[error("usage file: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("usage file: {what}: {source}")]
+    Duration {
+        what: &'static str,
+        source: overcommit_core::duration::DurationError,
+    },
     #[error("{what} {text:?}: expected RESOURCE=QUANTITY with RESOURCE cpu or memory")]
     Flag { what: &'static str, text: String },
     #[error("{what} {resource}: {source}")]
@@ -41,7 +50,9 @@ struct FileIn {
     synced: Option<bool>,
     #[serde(default)]
     metrics_failing: bool,
-    polls_since_sample: Option<u32>,
+    sample_age: Option<String>,
+    sample_window: Option<String>,
+    usage_interval: Option<String>,
     cpu: Option<ResourceIn>,
     memory: Option<ResourceIn>,
 }
@@ -98,6 +109,19 @@ pub fn usage_input(
             *field = Some(quantity.to_string());
         }
     }
+    let ms = |what: &'static str, text: &Option<String>, default_ms: u64| match text {
+        None => Ok(default_ms),
+        Some(text) => overcommit_core::duration::parse_duration(text)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .map_err(|source| UsageInputError::Duration { what, source }),
+    };
+    let sample_age_ms = ms("sampleAge", &input.sample_age, 0)?;
+    let sample_window_ms = ms("sampleWindow", &input.sample_window, 0)?;
+    let poll_interval_ms = ms(
+        "usageInterval",
+        &input.usage_interval,
+        DEFAULT_POLL_INTERVAL_MS,
+    )?;
     let view = |resource: &str, given: &Option<ResourceIn>| -> Result<_, UsageInputError> {
         let Some(given) = given else {
             return Ok(None);
@@ -116,7 +140,9 @@ pub fn usage_input(
         Ok(Some(UsageView {
             synced: input.synced.unwrap_or(true),
             metrics_failing: input.metrics_failing,
-            polls_since_sample: Some(input.polls_since_sample.unwrap_or(0)),
+            sample_age_ms: Some(sample_age_ms),
+            sample_window_ms,
+            poll_interval_ms,
             requested: units("requested", &given.requested)?,
             peak_usage: units("peakUsage", &given.peak_usage)?,
         }))
@@ -170,7 +196,7 @@ mod tests {
             ),
             (
                 Some(
-                    r#"{"synced": false, "metricsFailing": true, "pollsSinceSample": 5, "cpu": {"requested": "0.0001"}}"#,
+                    r#"{"synced": false, "metricsFailing": true, "sampleAge": "2m", "sampleWindow": "15s", "usageInterval": "10s", "cpu": {"requested": "0.0001"}}"#,
                 ),
                 &[],
                 &[],
@@ -178,7 +204,9 @@ mod tests {
                     cpu: Some(UsageView {
                         synced: false,
                         metrics_failing: true,
-                        polls_since_sample: Some(5),
+                        sample_age_ms: Some(120_000),
+                        sample_window_ms: 15_000,
+                        poll_interval_ms: 10_000,
                         requested: 1,
                         peak_usage: 0,
                     }),
@@ -207,6 +235,8 @@ mod tests {
             (None, "pods=3", "RESOURCE=QUANTITY"),
             (None, "cpu", "RESOURCE=QUANTITY"),
             (None, "cpu=-1", "requested cpu"),
+            (Some(r#"{"sampleAge": "soon"}"#), "", "sampleAge"),
+            (Some(r#"{"pollsSinceSample": 4}"#), "", "unknown field"),
         ];
         for (file, flag, message) in cases {
             let flags: Vec<String> = if flag.is_empty() {

@@ -230,9 +230,24 @@ fn review_replays_a_usage_decision_from_flags_or_a_usage_file() {
         r#"{"metricsFailing": true, "cpu": {"requested": "12", "peakUsage": "3"}}"#,
     )
     .unwrap_or_else(|e| panic!("{e}"));
+    // A sample 106 s old, measured over 15 s, polled every 30 s: past 15 + 3 x 30 = 105 s.
+    let stale_file = dir.path().join("stale.json");
+    std::fs::write(
+        &stale_file,
+        r#"{"sampleAge": "106s", "sampleWindow": "15s", "usageInterval": "30s", "cpu": {"requested": "12", "peakUsage": "3"}}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let fresh_file = dir.path().join("fresh.json");
+    std::fs::write(
+        &fresh_file,
+        r#"{"sampleAge": "105s", "sampleWindow": "15s", "usageInterval": "30s", "cpu": {"requested": "12", "peakUsage": "3"}}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let node = br#"{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1"},"status":{"capacity":{"cpu":"16"},"allocatable":{"cpu":"16"}}}"#;
     let policy = policy.to_string_lossy();
     let usage_file = usage_file.to_string_lossy();
+    let stale_file = stale_file.to_string_lossy();
+    let fresh_file = fresh_file.to_string_lossy();
     let base = ["review", "--explain", "--policy-file", &policy];
     let cases: &[(&[&str], &str)] = &[
         // docs/policy.md's examples: 12 + 9.6 - 3 = 18.6; 10 + 9.6 - 4 = 15.6 < 16: raw.
@@ -247,6 +262,14 @@ fn review_replays_a_usage_decision_from_flags_or_a_usage_file() {
         (
             &["--usage-file", &usage_file],
             "usage fallback (metrics_failing): x 2 -> 32",
+        ),
+        (
+            &["--usage-file", &stale_file],
+            "usage fallback (stale: newest sample 106s old, window 15s, polled every 30s): x 2 -> 32",
+        ),
+        (
+            &["--usage-file", &fresh_file],
+            "from usage (requested 12, peak usage 3) -> 18600m",
         ),
         (&[], "usage fallback (no_sample): x 2 -> 32"),
     ];

@@ -255,6 +255,13 @@ pub fn unescaped_members_in<'b>(
     })
 }
 
+/// The index of the closing quote of the string whose text starts at `from` (just past its
+/// opening quote), if that text has no escape and no raw control character; `None` otherwise.
+pub fn unescaped_end(bytes: &[u8], from: usize) -> Option<usize> {
+    let stop = string_stop(bytes, from);
+    (bytes.get(stop) == Some(&b'"')).then_some(stop)
+}
+
 /// Calls `element` with the index of each element of the array whose `[` is at `body[start]`;
 /// `element` reads the element and returns the index past it. Returns the index past the `]`;
 /// `None` where serde_json must read it, or where `element` says so.

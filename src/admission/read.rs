@@ -90,9 +90,14 @@
 //!   nodes' conditions. When the object's `conditions` are reached, the stored node's are read
 //!   first, ahead of where the reader is (`look_ahead`): `oldObject` is found by its text
 //!   (`jump_to_old_object`, looked for first around where the object's size puts it), its
-//!   conditions by theirs, and read strictly. If the object's array is the same bytes but for
+//!   conditions by theirs. Of each stored condition written as the API server writes one, only
+//!   the type, status and heartbeat time are read; the rest of it is jumped over to its end,
+//!   found by its text (`heartbeats_found`). If the object's array is the same bytes but for
 //!   the heartbeat times, its conditions are the stored ones with its own times (a kubelet's
-//!   PATCH mostly is just that); otherwise it is read as any other array. Then two spans are
+//!   PATCH mostly is just that); otherwise it is read as any other array, and the stored one
+//!   strictly. So a fault in the jumped parts (a raw control character, a field given twice)
+//!   is tolerated only where both arrays carry it in the same bytes, which the API server never
+//!   writes; damage to either array alone makes them differ. Then two spans are
 //!   jumped over, not read: the object's status after its conditions (up to `oldObject`), and
 //!   the stored node before its conditions; reading stops at the value of the stored status's
 //!   member after them. Both spans are tolerated like the unread tail (damage there does not
@@ -785,19 +790,27 @@ fn needs_stored_conditions(request: &RequestIn<'_>, needs: &dyn Needs) -> bool {
 /// (the object is then read whole).
 fn jump_to_old_object(body: &[u8], object_start: usize, from: usize) -> Option<usize> {
     const KEY: &[u8] = b"\"oldObject\":";
-    const WINDOW: usize = 4096;
     // Built once: building a searcher costs more than searching the window.
     static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
-    let find = |from: usize, to: usize| {
-        let found = FINDER.find(body.get(from..to.min(body.len()))?)?;
-        Some(from + found)
-    };
     let middle = object_start + body.len().saturating_sub(object_start) / 2;
-    let near = middle.saturating_sub(WINDOW / 2).max(from);
-    let at = find(near, near + WINDOW).or_else(|| find(from, body.len()))?;
+    let at = find_near(&FINDER, body, middle, from)?;
     let comma = at.checked_sub(1)?;
     let before = body.get(comma.checked_sub(1)?..at)?;
     (before == b"}," && body.get(at + KEY.len()) == Some(&b'{')).then_some(comma)
+}
+
+/// The first `finder` text in `body` at or after `from`, where it is known to be there at most
+/// once: looked for first within a few hundred bytes of `guess` (where the stored node being
+/// mostly the object again puts it), then everywhere after `from`.
+fn find_near(finder: &Finder<'_>, body: &[u8], guess: usize, from: usize) -> Option<usize> {
+    const WINDOW: usize = 512;
+    let find = |from: usize, to: usize| {
+        let found = finder.find(body.get(from..to.min(body.len()))?)?;
+        Some(from + found)
+    };
+    let near = guess.saturating_sub(WINDOW / 2).max(from);
+    let to = near + WINDOW + finder.needle().len();
+    find(near, to).or_else(|| find(from, body.len()))
 }
 
 /// What reading the object's conditions found ahead of it, for the rest of the request.
@@ -843,8 +856,12 @@ fn look_ahead<'a>(
     static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(CONDITIONS));
     let comma = jump_to_old_object(body, ahead.object_start, start)?;
     ahead.old_object_comma = Some(comma);
-    let found = FINDER.find(body.get(comma..)?)?;
-    let at = comma + found + CONDITIONS.len() - 1;
+    // A Node has one `"conditions":[` (its status's; nothing else of a Node is an array under
+    // that key and no string can hold the text), at about the same place as in the object.
+    let stored_start = comma + b",\"oldObject\":".len();
+    let guess = stored_start + start.checked_sub(ahead.object_start)? - (CONDITIONS.len() - 1);
+    let found = find_near(&FINDER, body, guess, comma)?;
+    let at = found + CONDITIONS.len() - 1;
     // Usually the object's array is the stored one but for the heartbeat times: then only the
     // types and times are needed. Otherwise the stored array is read whole, for the rules.
     if let Some((light, end)) = heartbeats_at(body, at)
@@ -868,6 +885,99 @@ fn look_ahead<'a>(
 /// compares equal to `None`. `None` where the array is not plainly written (escapes, nulls,
 /// a known field given twice, text that is not UTF-8): then it is read whole, as any other.
 fn heartbeats_at(body: &[u8], start: usize) -> Option<(Vec<Condition<'_>>, usize)> {
+    if let Some(found) = heartbeats_found(body, start) {
+        return Some(found);
+    }
+    let mut conditions = Vec::with_capacity(8);
+    let end = plain::array_in(body, start, |at| {
+        let (condition, end) = heartbeat_members(body, at)?;
+        conditions.push(condition);
+        Some(end)
+    })?;
+    // What serde would refuse in the fields not read: text that is not UTF-8.
+    std::str::from_utf8(body.get(start..end)?).ok()?;
+    Some((conditions, end))
+}
+
+/// `heartbeats_at` for an array written as the API server writes a Node's conditions (Go's
+/// `NodeCondition`: `type`, `status` and `lastHeartbeatTime` first, in that order, and only
+/// strings): each condition's first three strings are read, and the rest of it is jumped over
+/// to the next `}` that `,{"type":"` or `],"` and a key the API server writes after the
+/// conditions (`STATUS_AFTER_CONDITIONS`) follows. Neither text can be inside a string: each
+/// has a quote that is not escaped, followed by text that cannot follow a string's end. So
+/// where the layout holds, the first such `}` ends the condition, and nowhere else is one taken
+/// for it. Anything else (an escape in those three strings, a `null` time, another order,
+/// more than 16 conditions; a Node has 4 or 5) gives `None`: the array is then read member by
+/// member.
+fn heartbeats_found(body: &[u8], start: usize) -> Option<(Vec<Condition<'_>>, usize)> {
+    // Where each condition's type and heartbeat time are (start, end of each); taken as text
+    // once the whole array is checked as UTF-8, in one go (cheaper than string by string).
+    const MOST: usize = 16;
+    let mut found = [(0, 0, 0, 0); MOST];
+    let mut count = 0;
+    let after = |at: usize, text: &[u8]| -> Option<usize> {
+        (body.get(at..at + text.len()) == Some(text)).then_some(at + text.len())
+    };
+    let string =
+        |from: usize| -> Option<(usize, usize)> { Some((from, plain::unescaped_end(body, from)?)) };
+    let mut at = start + 1;
+    let end = loop {
+        if count == 0 && body.get(at) == Some(&b']') {
+            break at + 1;
+        }
+        let kind = string(after(at, b"{\"type\":\"")?)?;
+        let status = string(after(kind.1 + 1, b",\"status\":\"")?)?;
+        let heartbeat = string(after(status.1 + 1, b",\"lastHeartbeatTime\":\"")?)?;
+        *found.get_mut(count)? = (kind.0, kind.1, heartbeat.0, heartbeat.1);
+        count += 1;
+        let mut brace = heartbeat.1 + 1;
+        let closed = loop {
+            brace += memchr::memchr(b'}', body.get(brace..)?)?;
+            if after(brace + 1, b",{\"type\":\"").is_some() {
+                break false;
+            }
+            if after(brace + 1, b"],\"").is_some() && status_key_after_conditions(body, brace + 4) {
+                break true;
+            }
+            brace += 1;
+        };
+        if closed {
+            break brace + 2;
+        }
+        at = brace + 2;
+    };
+    let text = std::str::from_utf8(body.get(start..end)?).ok()?;
+    let borrowed =
+        |from: usize, to: usize| Some(Cow::Borrowed(text.get(from - start..to - start)?));
+    let mut conditions = Vec::with_capacity(count);
+    for &(kind_start, kind_end, heartbeat_start, heartbeat_end) in found.get(..count)? {
+        conditions.push(Condition {
+            kind: Some(borrowed(kind_start, kind_end)?),
+            last_heartbeat_time: Some(borrowed(heartbeat_start, heartbeat_end)?),
+            ..Condition::default()
+        });
+    }
+    Some((conditions, end))
+}
+
+/// Whether the member whose key's text starts at `key_start` (just past its quote) is one the
+/// API server writes after a Node's conditions.
+fn status_key_after_conditions(body: &[u8], key_start: usize) -> bool {
+    let Some(rest) = body.get(key_start..) else {
+        return false;
+    };
+    let Some(key_end) = memchr::memchr(b'"', rest) else {
+        return false;
+    };
+    let key = rest.get(..key_end);
+    rest.get(key_end + 1) == Some(&b':')
+        && STATUS_AFTER_CONDITIONS
+            .iter()
+            .any(|k| Some(k.as_bytes()) == key)
+}
+
+/// One condition as `heartbeats_at` reads it, member by member, and the index past it.
+fn heartbeat_members(body: &[u8], at: usize) -> Option<(Condition<'_>, usize)> {
     const FIELDS: [&[u8]; 6] = [
         b"type",
         b"status",
@@ -876,33 +986,26 @@ fn heartbeats_at(body: &[u8], start: usize) -> Option<(Vec<Condition<'_>>, usize
         b"lastTransitionTime",
         b"lastHeartbeatTime",
     ];
-    let mut conditions = Vec::with_capacity(8);
-    let end = plain::array_in(body, start, |at| {
-        let mut condition = Condition::default();
-        // serde refuses a field given twice: so does this, for every field it knows.
-        let mut given = 0u8;
-        let end = plain::unescaped_members_in(body, at, |key, value| {
-            let Some(field) = FIELDS.iter().position(|f| *f == key) else {
-                return Some(());
-            };
-            if given & (1 << field) != 0 {
-                return None;
-            }
-            given |= 1 << field;
-            let value = || std::str::from_utf8(value).ok().map(Cow::Borrowed);
-            match field {
-                0 => condition.kind = Some(value()?),
-                5 => condition.last_heartbeat_time = Some(value()?),
-                _ => {}
-            }
-            Some(())
-        })?;
-        conditions.push(condition);
-        Some(end)
+    let mut condition = Condition::default();
+    // serde refuses a field given twice: so does this, for every field it knows.
+    let mut given = 0u8;
+    let end = plain::unescaped_members_in(body, at, |key, value| {
+        let Some(field) = FIELDS.iter().position(|f| *f == key) else {
+            return Some(());
+        };
+        if given & (1 << field) != 0 {
+            return None;
+        }
+        given |= 1 << field;
+        let value = || std::str::from_utf8(value).ok().map(Cow::Borrowed);
+        match field {
+            0 => condition.kind = Some(value()?),
+            5 => condition.last_heartbeat_time = Some(value()?),
+            _ => {}
+        }
+        Some(())
     })?;
-    // What serde would refuse in the fields not read: text that is not UTF-8.
-    std::str::from_utf8(body.get(start..end)?).ok()?;
-    Some((conditions, end))
+    Some((condition, end))
 }
 
 /// The stored node (starting at `start`) as the rules need it when only its conditions are
@@ -943,15 +1046,14 @@ fn stored_node_ahead<'a>(
 
 /// `stored` (read from `body[stored_span]`) with the heartbeat times of the array at `start`,
 /// and the index past that array, if its bytes are those of `stored_span` but for the text of
-/// the heartbeat times (made only of the characters of a timestamp, so the two arrays read
-/// alike but for those times).
+/// the heartbeat times (each the whole text of a string without escapes, so the two arrays
+/// read alike but for those times).
 fn same_but_heartbeats<'a>(
     body: &'a [u8],
     start: usize,
     stored_span: Range<usize>,
     stored: &[Condition<'a>],
 ) -> Option<(Vec<Condition<'a>>, usize)> {
-    let is_time_byte = |b: &u8| b.is_ascii_alphanumeric() || b":.+-".contains(b);
     let same = |stored: Range<usize>, at: usize| {
         let other = body.get(at..at.checked_add(stored.len())?)?;
         (body.get(stored.clone())? == other).then_some(at + stored.len())
@@ -970,11 +1072,7 @@ fn same_but_heartbeats<'a>(
                     return None;
                 }
                 at = same(stored_at..time_start, at)?;
-                let length = body
-                    .get(at..)?
-                    .iter()
-                    .take_while(|b| is_time_byte(b))
-                    .count();
+                let length = plain::unescaped_end(body, at)? - at;
                 let text = std::str::from_utf8(body.get(at..at + length)?).ok()?;
                 copy.last_heartbeat_time = Some(Cow::Borrowed(text));
                 (stored_at, at) = (time_end, at + length);

@@ -276,7 +276,7 @@ impl Controller {
             Some(pem) => webhook_config::desired_validating(&self.s.webhook, pem.as_bytes()),
             // No usable CA yet: nothing to build it from; the CA comes first.
             None if self.s.webhook.request_cap => {
-                return Ok(actual.as_ref().map(validating_fingerprints));
+                return Ok(actual.as_ref().map(bundle_fingerprints));
             }
             None => None,
         };
@@ -299,7 +299,7 @@ impl Controller {
                     return Ok(None);
                 };
                 self.claim.check()?;
-                let repaired = webhook_config::repaired_validating(&actual, &want);
+                let repaired = webhook_config::repaired(&actual, &want);
                 let out = self
                     .validating
                     .replace(&name, &PostParams::default(), &repaired)
@@ -326,7 +326,7 @@ impl Controller {
                 None
             }
         };
-        Ok(written.as_ref().map(validating_fingerprints))
+        Ok(written.as_ref().map(bundle_fingerprints))
     }
 
     async fn write_secret(
@@ -594,12 +594,8 @@ fn fingerprints_of(pem: Option<Vec<u8>>) -> Vec<Fingerprint> {
         .unwrap_or_default()
 }
 
-fn bundle_fingerprints(cfg: &MutatingWebhookConfiguration) -> Vec<Fingerprint> {
+fn bundle_fingerprints<C: webhook_config::WebhookConfiguration>(cfg: &C) -> Vec<Fingerprint> {
     fingerprints_of(webhook_config::live_ca_bundle(cfg))
-}
-
-fn validating_fingerprints(cfg: &ValidatingWebhookConfiguration) -> Vec<Fingerprint> {
-    fingerprints_of(webhook_config::live_validating_ca_bundle(cfg))
 }
 
 async fn notify_on<S, T, E>(stream: S, wake: Arc<Notify>)

@@ -179,6 +179,11 @@ mod tests {
                 cache: crate::metrics::UsageCache::pods,
             })
             .set(1);
+        m.usage_feeder_running
+            .get_or_create(&crate::metrics::UsageCacheLabels {
+                cache: crate::metrics::UsageCache::metrics,
+            })
+            .set(1);
         m.usage_polls
             .get_or_create(&ReloadLabels {
                 result: ReloadResult::success,
@@ -235,6 +240,7 @@ mod tests {
             ),
             ("kube_overcommit_usage_fallbacks_total", set(&["reason"])),
             ("kube_overcommit_usage_synced", set(&["cache"])),
+            ("kube_overcommit_usage_feeder_running", set(&["cache"])),
             ("kube_overcommit_usage_polls_total", set(&["result"])),
         ]);
         assert_eq!(labelled, want, "labelled series of /metrics");

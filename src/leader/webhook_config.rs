@@ -283,22 +283,6 @@ pub fn validating_drift(
     drift_of(&view(actual), &view(want))
 }
 
-/// The repaired validating configuration (as `repaired`).
-pub fn repaired_validating(
-    actual: &ValidatingWebhookConfiguration,
-    want: &ValidatingWebhookConfiguration,
-) -> ValidatingWebhookConfiguration {
-    let mut out = actual.clone();
-    out.webhooks = want.webhooks.clone();
-    mark_managed(&mut out.metadata);
-    out
-}
-
-/// The CA bundle bytes of the live validating configuration (its webhooks' are kept equal).
-pub fn live_validating_ca_bundle(actual: &ValidatingWebhookConfiguration) -> Option<Vec<u8>> {
-    first_ca_bundle(actual.webhooks.iter().flatten().map(|w| &w.client_config))
-}
-
 fn first_ca_bundle<'a>(
     mut configs: impl Iterator<Item = &'a WebhookClientConfig>,
 ) -> Option<Vec<u8>> {
@@ -463,21 +447,46 @@ fn drift_of(actual: &[MutatingWebhook], want: &[MutatingWebhook]) -> Vec<String>
     out
 }
 
+/// What the leader keeps of either configuration type: its metadata and its webhooks.
+pub trait WebhookConfiguration: Clone {
+    fn metadata_mut(&mut self) -> &mut ObjectMeta;
+    /// Put `want`'s webhooks in place of these.
+    fn take_webhooks(&mut self, want: &Self);
+    /// The client configs of its webhooks, in order.
+    fn client_configs(&self) -> impl Iterator<Item = &WebhookClientConfig>;
+}
+
+// The two types have the same fields here (`metadata`, `webhooks[].client_config`).
+macro_rules! webhook_configuration {
+    ($($config:ty),*) => {$(
+        impl WebhookConfiguration for $config {
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+            fn take_webhooks(&mut self, want: &Self) {
+                self.webhooks = want.webhooks.clone();
+            }
+            fn client_configs(&self) -> impl Iterator<Item = &WebhookClientConfig> {
+                self.webhooks.iter().flatten().map(|w| &w.client_config)
+            }
+        }
+    )*};
+}
+
+webhook_configuration!(MutatingWebhookConfiguration, ValidatingWebhookConfiguration);
+
 /// The repaired object: the live one (metadata, resourceVersion, others' labels kept) with our
 /// webhooks in place.
-pub fn repaired(
-    actual: &MutatingWebhookConfiguration,
-    want: &MutatingWebhookConfiguration,
-) -> MutatingWebhookConfiguration {
+pub fn repaired<C: WebhookConfiguration>(actual: &C, want: &C) -> C {
     let mut out = actual.clone();
-    out.webhooks = want.webhooks.clone();
-    mark_managed(&mut out.metadata);
+    out.take_webhooks(want);
+    mark_managed(out.metadata_mut());
     out
 }
 
-/// The CA bundle bytes of the live configuration (the first webhook's; they are kept equal).
-pub fn live_ca_bundle(actual: &MutatingWebhookConfiguration) -> Option<Vec<u8>> {
-    first_ca_bundle(actual.webhooks.iter().flatten().map(|w| &w.client_config))
+/// The CA bundle bytes of a live configuration (the first webhook's; they are kept equal).
+pub fn live_ca_bundle<C: WebhookConfiguration>(actual: &C) -> Option<Vec<u8>> {
+    first_ca_bundle(actual.client_configs())
 }
 
 /// True when a validated timeout is allowed by the API server and by design.md 3.1.
@@ -660,7 +669,7 @@ mod tests {
                 "{what}: {got:?}"
             );
             assert!(
-                validating_drift(&repaired_validating(&actual, &want), &want).is_empty(),
+                validating_drift(&repaired(&actual, &want), &want).is_empty(),
                 "{what}: repaired"
             );
         }
@@ -691,9 +700,9 @@ mod tests {
             assert_eq!(validating_upkeep(want, actual), expected, "{what}");
         }
         // Taking over a hand-made one of that name: repaired with our label.
-        let taken = repaired_validating(&unlabelled, &want);
+        let taken = repaired(&unlabelled, &want);
         assert!(is_managed(&taken.metadata));
-        assert_eq!(live_validating_ca_bundle(&taken), Some(b"CA".to_vec()));
+        assert_eq!(live_ca_bundle(&taken), Some(b"CA".to_vec()));
     }
 
     #[test]

@@ -17,8 +17,12 @@ pub struct NodeSample {
     pub cpu_millis: Option<u128>,
     /// bytes; None when not reported.
     pub memory_bytes: Option<u128>,
-    /// `timestamp`, ms since the Unix epoch; None when absent or unreadable.
+    /// `timestamp` (the end of the interval measured), ms since the Unix epoch; None when
+    /// absent or unreadable.
     pub at_ms: Option<i64>,
+    /// `window` (the interval measured, a Go duration such as `10.059s`), ms; None when absent
+    /// or unreadable.
+    pub window_ms: Option<u64>,
 }
 
 /// Why NodeMetrics could not be read.
@@ -85,10 +89,15 @@ fn sample(metrics: &DynamicObject) -> Result<Option<NodeSample>, MetricsError> {
         .as_str()
         .and_then(|t| t.parse::<jiff::Timestamp>().ok())
         .map(|t| t.as_millisecond());
+    let window_ms = metrics.data["window"]
+        .as_str()
+        .and_then(|w| w.parse::<jiff::SignedDuration>().ok())
+        .and_then(|w| u64::try_from(w.as_millis()).ok());
     Ok(Some(NodeSample {
         cpu_millis: usage("cpu", 3)?,
         memory_bytes: usage("memory", 0)?,
         at_ms,
+        window_ms,
         node,
     }))
 }
@@ -117,8 +126,24 @@ mod tests {
                 cpu_millis: Some(813),
                 memory_bytes: Some(1 << 30),
                 at_ms: Some(1_795_518_000_000),
+                window_ms: Some(10_000),
             })
         );
+        // Windows as metrics-server prints them (Go durations); negative or unreadable: None.
+        for (window, ms) in [
+            ("10.059s", Some(10_059)),
+            ("1m0.5s", Some(60_500)),
+            ("500ms", Some(500)),
+            ("0s", Some(0)),
+            ("-5s", None),
+            ("soon", None),
+        ] {
+            let m = object(serde_json::json!({
+                "metadata": {"name": "n1"}, "window": window, "usage": {}
+            }));
+            let got = sample(&m).ok().flatten().and_then(|s| s.window_ms);
+            assert_eq!(got, ms, "{window}");
+        }
         // Missing values are None; a bad quantity is an error naming the node; no name: skipped.
         let partial = object(serde_json::json!({"metadata": {"name": "n2"}, "usage": {}}));
         let got = sample(&partial).ok().flatten();

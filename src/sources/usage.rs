@@ -10,6 +10,12 @@
 //! Until the pod index has listed once and one poll has succeeded, every view says not synced,
 //! and the usage rule keeps the stored allocatable (`FallbackReason::NotSynced` when there is
 //! none to keep); `/readyz` says so in a detail line, `kube_overcommit_usage_synced` in a gauge.
+//!
+//! The feeders run only while a policy with `spec.usage` is in force ([`feeders`], applied by
+//! [`run`]): the poller, and the pod watch unless the request cap's watch feeds the index
+//! already. A feeder that stops takes its cache with it (cleared, not synced), so a usage
+//! policy that appears later starts from a fresh list and poll, never from old samples.
+//! `kube_overcommit_usage_feeder_running` says which feeders run.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -23,6 +29,7 @@ use overcommit_core::quantity::QuantityError;
 
 use super::PolicyStore;
 use super::node_metrics::{self, MetricsError, NodeSample};
+use super::pods::PodSinks;
 use crate::admission::{Clock, NodeUsageSource};
 use crate::metrics::{Metrics, ReloadLabels, ReloadResult, UsageCache, UsageCacheLabels};
 use crate::shutdown::Signal;
@@ -81,16 +88,47 @@ pub fn apply_pod(index: &mut PodIndex, pod: &Pod) -> Result<(), QuantityError> {
 }
 
 impl UsageCaches {
-    pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
+    /// `poll_interval`: `--usage-interval` (a sample's staleness is counted in it).
+    pub fn new(metrics: Arc<Metrics>, poll_interval: Duration) -> Arc<Self> {
         let caches = Self {
             pods: RwLock::new(PodIndex::default()),
             pods_synced: AtomicBool::new(false),
-            history: RwLock::new(UsageHistory::new(DEFAULT_KEEP)),
+            history: RwLock::new(UsageHistory::new(DEFAULT_KEEP, poll_interval)),
             metrics,
         };
         caches.set_synced_gauge(UsageCache::pods, false);
         caches.set_synced_gauge(UsageCache::metrics, false);
+        caches.set_running(Feeders::default());
         Arc::new(caches)
+    }
+
+    /// Say which feeders run (`kube_overcommit_usage_feeder_running`); `pods` counts the
+    /// request cap's watch when it feeds this index.
+    fn set_running(&self, running: Feeders) {
+        for (cache, on) in [
+            (UsageCache::metrics, running.poller),
+            (UsageCache::pods, running.pod_watch),
+        ] {
+            self.metrics
+                .usage_feeder_running
+                .get_or_create(&UsageCacheLabels { cache })
+                .set(i64::from(on));
+        }
+    }
+
+    /// The poller stopped: its samples go, metrics.k8s.io is not synced.
+    fn clear_metrics(&self) {
+        write(&self.history).clear();
+        self.set_synced_gauge(UsageCache::metrics, false);
+        self.metrics.usage_nodes.set(0);
+    }
+
+    /// The pod watch feeding this index stopped: the index goes, not synced.
+    fn clear_pods(&self) {
+        *write(&self.pods) = PodIndex::default();
+        self.pods_synced.store(false, Ordering::Release);
+        self.set_synced_gauge(UsageCache::pods, false);
+        self.metrics.usage_pods.set(0);
     }
 
     fn set_synced_gauge(&self, cache: UsageCache, synced: bool) {
@@ -147,7 +185,10 @@ impl UsageCaches {
                     let units =
                         |v: Option<u128>| v.map_or(0, |v| u64::try_from(v).unwrap_or(u64::MAX));
                     let sample = Sample {
+                        // No timestamp: as if measured when listed.
                         at_ms: s.at_ms.unwrap_or(now_ms),
+                        // No readable window: 0, stale the soonest.
+                        window_ms: s.window_ms.unwrap_or(0),
                         cpu_millis: units(s.cpu_millis),
                         memory_bytes: units(s.memory_bytes),
                     };
@@ -256,24 +297,134 @@ pub async fn poll(
     }
 }
 
-/// Resolves once a policy with `spec.usage` is in force (checked every second), or never
-/// before `shutdown` (then false).
-pub async fn usage_policy_seen(store: &PolicyStore, shutdown: &Signal) -> bool {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+/// Which usage feeders run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Feeders {
+    /// The metrics.k8s.io poller.
+    pub poller: bool,
+    /// A pod watch feeding the usage pod index (the usage task's own, or the request cap's).
+    pub pod_watch: bool,
+}
+
+/// What should run: everything while a usage policy is in force, nothing otherwise; the pod
+/// index is fed by the request cap's watch whenever `--request-cap` runs one (`cap_watch`),
+/// so the usage task never starts a second one.
+pub fn feeders(usage_in_force: bool, cap_watch: bool) -> Feeders {
+    Feeders {
+        poller: usage_in_force,
+        pod_watch: usage_in_force || cap_watch,
+    }
+}
+
+/// The clients of the usage task: one for the pod watch, one without retries for
+/// metrics.k8s.io (a 503 must count as a failed poll at once). Both name themselves
+/// `kube-overcommit/VERSION (usage)` in their User-Agent.
+pub type Clients = (kube::Client, kube::Client);
+
+/// A feeder task started by [`run`].
+struct Task(tokio::task::JoinHandle<()>);
+
+impl Task {
+    /// Stop it and wait until it has (its watch or request dropped).
+    async fn stop(self) {
+        self.0.abort();
+        let _ = self.0.await;
+    }
+}
+
+/// Start and stop the usage feeders as usage policies come and go (checked every `check`) until
+/// `shutdown`: the poller every `interval`, and the usage task's own pod watch unless
+/// `cap_watch` (the request cap's watch feeds the index). `clients` is called when a feeder
+/// first needs the API server; if it fails, usage policies keep the stored allocatable or
+/// fall back (not synced), and it is tried again at the next check.
+pub async fn run<F, Fut, E>(
+    caches: Arc<UsageCaches>,
+    store: PolicyStore,
+    interval: Duration,
+    check: Duration,
+    cap_watch: bool,
+    mut clients: F,
+    shutdown: Signal,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Clients, E>>,
+    E: std::fmt::Display,
+{
+    let mut tick = tokio::time::interval(check);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut built: Option<Clients> = None;
+    let mut client_error_logged = false;
+    let (mut poller, mut pod_watch): (Option<Task>, Option<Task>) = (None, None);
+    caches.set_running(feeders(false, cap_watch));
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = shutdown.stopped() => return false,
+            _ = shutdown.stopped() => break,
         }
-        if store.current().has_usage() {
-            return true;
+        let want = feeders(store.current().has_usage(), cap_watch);
+        let own_watch = want.pod_watch && !cap_watch;
+        if (want.poller && poller.is_none()) || (own_watch && pod_watch.is_none()) {
+            if built.is_none() {
+                match clients().await {
+                    Ok(c) => built = Some(c),
+                    Err(e) => {
+                        if !client_error_logged {
+                            tracing::error!(error = %e, "usage policies need the API server (pods, metrics.k8s.io): no client; they keep the stored allocatable or fall back");
+                            client_error_logged = true;
+                        }
+                        continue;
+                    }
+                }
+            }
+            let Some((client, metrics_client)) = built.clone() else {
+                continue;
+            };
+            if want.poller && poller.is_none() {
+                tracing::info!(interval = ?interval, "a usage policy is in force: polling metrics.k8s.io");
+                poller = Some(Task(tokio::spawn(poll(
+                    metrics_client,
+                    caches.clone(),
+                    store.clone(),
+                    interval,
+                    shutdown.clone(),
+                ))));
+            }
+            if own_watch && pod_watch.is_none() {
+                tracing::info!("a usage policy is in force: watching pods");
+                let sinks = PodSinks {
+                    placement: None,
+                    usage: Some(caches.clone()),
+                };
+                let api = kube::Api::all(client);
+                pod_watch = Some(Task(tokio::spawn(super::pods::watch(api, sinks))));
+            }
         }
+        if !want.poller
+            && let Some(task) = poller.take()
+        {
+            task.stop().await;
+            caches.clear_metrics();
+            tracing::info!("no usage policy in force: stopped polling metrics.k8s.io");
+        }
+        if !own_watch && let Some(task) = pod_watch.take() {
+            task.stop().await;
+            caches.clear_pods();
+            tracing::info!("no usage policy in force: stopped watching pods");
+        }
+        caches.set_running(Feeders {
+            poller: poller.is_some(),
+            pod_watch: pod_watch.is_some() || cap_watch,
+        });
+    }
+    for task in [poller, pod_watch].into_iter().flatten() {
+        task.stop().await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::PolicySourceLabel;
     use overcommit_core::node::usage::UsageView;
 
     fn pod(json: serde_json::Value) -> Pod {
@@ -296,6 +447,7 @@ mod tests {
             cpu_millis: Some(cpu),
             memory_bytes: Some(1),
             at_ms: Some(at_ms),
+            window_ms: Some(10_000),
         }
     }
 
@@ -308,7 +460,7 @@ mod tests {
     #[test]
     fn views_follow_pods_and_polls_and_say_when_not_synced() {
         let metrics = Arc::new(Metrics::new());
-        let caches = UsageCaches::new(metrics.clone());
+        let caches = UsageCaches::new(metrics.clone(), Duration::from_secs(30));
         assert_eq!(caches.detail(false), None); // no usage policy: nothing to say
         assert!(
             caches
@@ -339,13 +491,17 @@ mod tests {
         caches.record_poll(now, DEFAULT_KEEP, &Ok(vec![sample("n1", now - 1000, 900)]));
         let view = cpu(&caches, "n1");
         assert_eq!(
-            view.map(|v| (
-                v.synced,
-                v.peak_usage,
-                v.polls_since_sample,
-                v.metrics_failing
-            )),
-            Some((true, 900, Some(0), false))
+            view.map(|v| (v.synced, v.peak_usage, v.metrics_failing)),
+            Some((true, 900, false))
+        );
+        // Aged by its own timestamp (a second before the poll), with its window.
+        assert!(
+            view.is_some_and(
+                |v| v.sample_age_ms.is_some_and(|a| (1000..60_000).contains(&a))
+                    && v.sample_window_ms == 10_000
+                    && v.poll_interval_ms == 30_000
+            ),
+            "{view:?}"
         );
         assert_eq!(caches.detail(true), None);
         // A pod finishing leaves the sum; a deleted one too.
@@ -370,5 +526,210 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} not in\n{text}");
         }
+    }
+
+    #[test]
+    fn feeders_run_only_while_a_usage_policy_is_in_force() {
+        // (usage policy in force, request cap's watch) -> (poller, pod watch feeding the index)
+        let cases = [
+            (false, false, false, false),
+            (true, false, true, true),
+            (false, true, false, true),
+            (true, true, true, true),
+        ];
+        for (usage, cap, poller, pod_watch) in cases {
+            assert_eq!(
+                feeders(usage, cap),
+                Feeders { poller, pod_watch },
+                "usage {usage} cap {cap}"
+            );
+        }
+    }
+
+    /// The tests' period of policy checks (`serve`: a second).
+    const CHECK: Duration = Duration::from_millis(20);
+
+    fn policy_set(spec: &str) -> overcommit_core::policy::PolicySet {
+        let yaml = format!(
+            "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata:\n  name: p\nspec:\n{spec}\n"
+        );
+        overcommit_core::policy::parse_policy_file(&yaml)
+            .and_then(overcommit_core::policy::PolicySet::new)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Wait up to 10 s for every line in `metrics`' text.
+    async fn wait_for(metrics: &Metrics, lines: &[&str]) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = metrics.encode();
+            if lines.iter().all(|l| text.contains(l)) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{lines:?} not all in\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Metrics, caches (30 s polls) and an empty policy store.
+    fn parts() -> (Arc<Metrics>, Arc<UsageCaches>, PolicyStore) {
+        let metrics = Arc::new(Metrics::new());
+        let caches = UsageCaches::new(metrics.clone(), Duration::from_secs(30));
+        let readiness = crate::probes::Readiness::new();
+        let store = PolicyStore::new(metrics.clone(), readiness.condition("policies", false));
+        (metrics, caches, store)
+    }
+
+    /// Clients of an API server that refuses every connection.
+    async fn refused_clients() -> Result<Clients, String> {
+        let uri: http::Uri = "http://127.0.0.1:1".parse().map_err(|e| format!("{e}"))?;
+        let client = kube::Client::try_from(kube::Config::new(uri)).map_err(|e| e.to_string())?;
+        Ok((client.clone(), client))
+    }
+
+    /// [`run`] with 30 s polls and checks every `CHECK`.
+    fn spawn_run<F, Fut>(
+        caches: &Arc<UsageCaches>,
+        store: &PolicyStore,
+        cap_watch: bool,
+        clients: F,
+    ) -> (crate::shutdown::Trigger, tokio::task::JoinHandle<()>)
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Clients, String>> + Send + 'static,
+    {
+        let (trigger, shutdown) = crate::shutdown::channel();
+        let task = tokio::spawn(run(
+            caches.clone(),
+            store.clone(),
+            Duration::from_secs(30),
+            CHECK,
+            cap_watch,
+            clients,
+            shutdown,
+        ));
+        (trigger, task)
+    }
+
+    /// A usage policy starts the feeders; removing it stops them and clears their caches (not
+    /// synced, nothing kept); a new one starts them again. The API server here refuses
+    /// connections: what runs is said by the gauges.
+    #[tokio::test]
+    async fn feeders_start_stop_and_start_again_with_usage_policies() {
+        let (metrics, caches, store) = parts();
+        let built = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = built.clone();
+        let clients = move || {
+            let count = count.clone();
+            async move {
+                count.fetch_add(1, Ordering::SeqCst);
+                refused_clients().await
+            }
+        };
+        let (trigger, task) = spawn_run(&caches, &store, false, clients);
+        let stopped = [
+            "kube_overcommit_usage_feeder_running{cache=\"metrics\"} 0",
+            "kube_overcommit_usage_feeder_running{cache=\"pods\"} 0",
+            "kube_overcommit_usage_synced{cache=\"metrics\"} 0",
+            "kube_overcommit_usage_synced{cache=\"pods\"} 0",
+        ];
+        let running = [
+            "kube_overcommit_usage_feeder_running{cache=\"metrics\"} 1",
+            "kube_overcommit_usage_feeder_running{cache=\"pods\"} 1",
+        ];
+        // A static policy: nothing runs, no client is built.
+        store.publish(
+            policy_set("  nodeRatios: {cpu: \"2\"}"),
+            PolicySourceLabel::file,
+        );
+        wait_for(&metrics, &stopped).await;
+        // An absence: observed over 20 checks.
+        tokio::time::sleep(CHECK * 20).await;
+        wait_for(&metrics, &stopped).await;
+        assert_eq!(built.load(Ordering::SeqCst), 0);
+        // A usage policy: both run.
+        let usage = "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}";
+        store.publish(policy_set(usage), PolicySourceLabel::file);
+        wait_for(&metrics, &running).await;
+        // Pretend both caches synced (the API server here refuses every connection).
+        let mut index = PodIndex::default();
+        assert!(apply_pod(&mut index, &bound("p1", "n1", "500m", "Running")).is_ok());
+        caches.replace_pods(index);
+        let now = Clock::System.now_ms();
+        caches.record_poll(now, DEFAULT_KEEP, &Ok(vec![sample("n1", now, 900)]));
+        assert!(cpu(&caches, "n1").is_some_and(|v| v.synced && v.requested == 500));
+        // Removed: both stop, their caches are cleared and not synced.
+        store.publish(
+            policy_set("  nodeRatios: {cpu: \"2\"}"),
+            PolicySourceLabel::file,
+        );
+        wait_for(&metrics, &stopped).await;
+        wait_for(
+            &metrics,
+            &[
+                "kube_overcommit_usage_nodes 0",
+                "kube_overcommit_usage_pods 0",
+            ],
+        )
+        .await;
+        let view = cpu(&caches, "n1");
+        assert!(
+            view.is_some_and(|v| !v.synced && v.requested == 0 && v.sample_age_ms.is_none()),
+            "{view:?}"
+        );
+        assert_eq!(caches.detail(false), None);
+        // Back: running again, the clients built once.
+        store.publish(policy_set(usage), PolicySourceLabel::file);
+        wait_for(&metrics, &running).await;
+        assert!(
+            caches
+                .detail(true)
+                .is_some_and(|d| d.contains("not synced"))
+        );
+        assert_eq!(built.load(Ordering::SeqCst), 1);
+        trigger.stop();
+        let ended = tokio::time::timeout(Duration::from_secs(10), task).await;
+        assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
+    }
+
+    /// With the request cap's watch feeding the index, the usage task never watches pods and
+    /// never clears the index; the poller still follows usage policies.
+    #[tokio::test]
+    async fn with_the_cap_watch_only_the_poller_follows_usage_policies() {
+        let (metrics, caches, store) = parts();
+        let mut index = PodIndex::default();
+        assert!(apply_pod(&mut index, &bound("p1", "n1", "500m", "Running")).is_ok());
+        caches.replace_pods(index);
+        let (trigger, task) = spawn_run(&caches, &store, true, refused_clients);
+        let usage = "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}";
+        store.publish(policy_set(usage), PolicySourceLabel::file);
+        wait_for(
+            &metrics,
+            &[
+                "kube_overcommit_usage_feeder_running{cache=\"metrics\"} 1",
+                "kube_overcommit_usage_feeder_running{cache=\"pods\"} 1",
+            ],
+        )
+        .await;
+        store.publish(
+            policy_set("  nodeRatios: {cpu: \"2\"}"),
+            PolicySourceLabel::file,
+        );
+        wait_for(
+            &metrics,
+            &[
+                "kube_overcommit_usage_feeder_running{cache=\"metrics\"} 0",
+                "kube_overcommit_usage_feeder_running{cache=\"pods\"} 1",
+                "kube_overcommit_usage_synced{cache=\"pods\"} 1",
+            ],
+        )
+        .await;
+        assert_eq!(cpu(&caches, "n1").map(|v| v.requested), Some(500));
+        trigger.stop();
+        let ended = tokio::time::timeout(Duration::from_secs(10), task).await;
+        assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
     }
 }

@@ -2,8 +2,10 @@
 //! (`sources::usage`, I/O) records each poll here, and the review path reads a node's
 //! `NodeUsage` from it.
 //!
-//! - Every poll counts, failed or not: a node's sample age is in polls (the rule's
-//!   `STALE_AFTER_POLLS`), and a failed last poll is reported as `metrics_failing`.
+//! - A node's newest sample is aged by its own timestamp against `now` (the rule's
+//!   `is_stale`, with the poll interval given here), not by when it was listed: metrics-server
+//!   listing the same old sample again does not make it fresh. A failed last poll is reported
+//!   as `metrics_failing`.
 //! - Samples older than `keep` (the longest window of any policy) are dropped on each poll;
 //!   a node without samples left is forgotten.
 //! - Until one poll has succeeded, views are not synced (the rule keeps what is written).
@@ -16,8 +18,11 @@ use super::usage::{NodeUsage, UsageView};
 /// One node's usage at one time, in the rule's units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
-    /// When metrics-server measured it (`timestamp`), ms since the Unix epoch.
+    /// When metrics-server measured it (`timestamp`, the end of its window), ms since the
+    /// Unix epoch.
     pub at_ms: i64,
+    /// The interval it was measured over (`window`), ms.
+    pub window_ms: u64,
     pub cpu_millis: u64,
     pub memory_bytes: u64,
 }
@@ -32,8 +37,6 @@ pub enum Poll<'p> {
 
 #[derive(Debug, Default)]
 struct NodeSamples {
-    /// The poll count when this node last had a sample.
-    last_poll: u64,
     /// Oldest first.
     samples: VecDeque<Sample>,
 }
@@ -42,18 +45,19 @@ struct NodeSamples {
 #[derive(Debug)]
 pub struct UsageHistory {
     keep_ms: i64,
-    polls: u64,
+    poll_interval_ms: u64,
     last_failed: bool,
     synced: bool,
     nodes: HashMap<String, NodeSamples>,
 }
 
 impl UsageHistory {
-    /// Keep samples for `keep` (the longest `spec.usage.window`).
-    pub fn new(keep: Duration) -> UsageHistory {
+    /// Keep samples for `keep` (the longest `spec.usage.window`); the metrics API is polled
+    /// every `poll_interval`.
+    pub fn new(keep: Duration, poll_interval: Duration) -> UsageHistory {
         UsageHistory {
             keep_ms: i64::try_from(keep.as_millis()).unwrap_or(i64::MAX),
-            polls: 0,
+            poll_interval_ms: u64::try_from(poll_interval.as_millis()).unwrap_or(u64::MAX),
             last_failed: false,
             synced: false,
             nodes: HashMap::new(),
@@ -75,9 +79,15 @@ impl UsageHistory {
         self.last_failed
     }
 
+    /// Forget every sample and say not synced (the poller stopped: nothing keeps them true).
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.synced = false;
+        self.last_failed = false;
+    }
+
     /// Record one poll made at `now_ms`.
     pub fn record(&mut self, now_ms: i64, poll: Poll<'_>) {
-        self.polls += 1;
         match poll {
             Poll::Failed => self.last_failed = true,
             Poll::Listed(listed) => {
@@ -96,7 +106,6 @@ impl UsageHistory {
                     {
                         node.samples.push_back(*sample);
                     }
-                    node.last_poll = self.polls;
                 }
             }
         }
@@ -109,8 +118,8 @@ impl UsageHistory {
         });
     }
 
-    /// What the usage rule needs of `node`: peak usage over `window` before `now_ms`, the
-    /// sample's age in polls, and the given requested sums (cpu millicores, memory bytes);
+    /// What the usage rule needs of `node`: peak usage over `window` before `now_ms`, the age
+    /// and window of its newest sample there, the poll interval, and the given requested sums (cpu millicores, memory bytes);
     /// `pods_synced`: whether the pod index the requests come from has synced.
     pub fn usage(
         &self,
@@ -123,23 +132,22 @@ impl UsageHistory {
         let since = now_ms.saturating_sub(i64::try_from(window.as_millis()).unwrap_or(i64::MAX));
         let samples = self.nodes.get(node);
         let mut peak: Option<(u64, u64)> = None;
+        let mut newest: Option<&Sample> = None;
         for sample in samples.into_iter().flat_map(|n| n.samples.iter()) {
             if sample.at_ms >= since {
                 let (cpu, memory) = peak.unwrap_or((0, 0));
                 peak = Some((cpu.max(sample.cpu_millis), memory.max(sample.memory_bytes)));
+                newest = Some(sample); // oldest first
             }
         }
-        let polls_since_sample = match (samples, peak) {
-            (Some(node), Some(_)) => {
-                Some(u32::try_from(self.polls - node.last_poll).unwrap_or(u32::MAX))
-            }
-            _ => None,
-        };
+        let age = |s: &Sample| u64::try_from(now_ms.saturating_sub(s.at_ms)).unwrap_or(0);
         let (peak_cpu, peak_memory) = peak.unwrap_or((0, 0));
         let view = |requested, peak_usage: u64| UsageView {
             synced: self.synced && pods_synced,
             metrics_failing: self.last_failed,
-            polls_since_sample,
+            sample_age_ms: newest.map(age),
+            sample_window_ms: newest.map_or(0, |s| s.window_ms),
+            poll_interval_ms: self.poll_interval_ms,
             requested,
             peak_usage: u128::from(peak_usage),
         };
@@ -164,6 +172,7 @@ mod tests {
     fn sample(at_ms: i64, cpu_millis: u64, memory_bytes: u64) -> Sample {
         Sample {
             at_ms,
+            window_ms: 10_000,
             cpu_millis,
             memory_bytes,
         }
@@ -182,8 +191,8 @@ mod tests {
     }
 
     #[test]
-    fn peak_over_the_window_and_age_in_polls() {
-        let mut history = UsageHistory::new(Duration::from_secs(30 * 60));
+    fn peak_over_the_window_and_age_of_the_newest_sample() {
+        let mut history = UsageHistory::new(Duration::from_secs(30 * 60), Duration::from_secs(30));
         // Not synced before the first successful poll.
         assert_eq!(cpu(&history, "a", 15, 0).map(|v| v.synced), Some(false));
         history.record(0, Poll::Listed(&[("a", sample(0, 900, 10))]));
@@ -191,40 +200,78 @@ mod tests {
             MIN,
             Poll::Listed(&[("a", sample(MIN, 300, 40)), ("b", sample(MIN, 1, 1))]),
         );
-        history.record(2 * MIN, Poll::Listed(&[("a", sample(2 * MIN, 500, 20))]));
+        history.record(
+            2 * MIN,
+            Poll::Listed(&[("a", sample(2 * MIN - 5_000, 500, 20))]),
+        );
         let a = history.usage("a", Duration::from_secs(15 * 60), 2 * MIN, (5, 7), true);
         assert_eq!(a.cpu.map(|v| (v.peak_usage, v.requested)), Some((900, 5)));
         assert_eq!(a.memory.map(|v| (v.peak_usage, v.requested)), Some((40, 7)));
-        assert_eq!(a.cpu.and_then(|v| v.polls_since_sample), Some(0));
+        // Age from the sample's own timestamp, with its window and the poll interval.
+        assert_eq!(
+            a.cpu
+                .map(|v| (v.sample_age_ms, v.sample_window_ms, v.poll_interval_ms)),
+            Some((Some(5_000), 10_000, 30_000))
+        );
         assert!(a.cpu.is_some_and(|v| v.synced && !v.metrics_failing));
         // A shorter window leaves the first sample out.
         assert_eq!(
             cpu(&history, "a", 1, 2 * MIN).map(|v| v.peak_usage),
             Some(500)
         );
-        // b was last seen a poll ago; c never.
+        // b's newest sample is a minute old; c has none; a timestamp ahead of now is age 0.
         assert_eq!(
-            cpu(&history, "b", 15, 2 * MIN).and_then(|v| v.polls_since_sample),
-            Some(1)
+            cpu(&history, "b", 15, 2 * MIN).and_then(|v| v.sample_age_ms),
+            Some(60_000)
         );
         assert_eq!(
-            cpu(&history, "c", 15, 2 * MIN).and_then(|v| v.polls_since_sample),
+            cpu(&history, "c", 15, 2 * MIN).and_then(|v| v.sample_age_ms),
             None
+        );
+        assert_eq!(
+            cpu(&history, "b", 15, MIN - 1).and_then(|v| v.sample_age_ms),
+            Some(0)
         );
         // Pods not synced: not synced.
         let unsynced = history.usage("a", Duration::from_secs(900), 2 * MIN, (0, 0), false);
         assert_eq!(unsynced.cpu.map(|v| v.synced), Some(false));
     }
 
+    /// metrics-server listing the same old sample on every poll (a kubelet that stopped
+    /// reporting): the sample ages by its timestamp and the rule calls it stale.
+    #[test]
+    fn a_frozen_sample_goes_stale_though_listed_every_poll() {
+        use crate::node::usage::is_stale;
+        let mut history = UsageHistory::new(Duration::from_secs(15 * 60), Duration::from_secs(30));
+        let frozen = sample(0, 900, 10);
+        let mut stale_at = None;
+        for poll in 0..10 {
+            let now = poll * 30_000;
+            history.record(now, Poll::Listed(&[("a", frozen)]));
+            let view = cpu(&history, "a", 15, now);
+            assert!(view.is_some_and(|v| v.synced && !v.metrics_failing));
+            let stale = view.is_some_and(|v| {
+                v.sample_age_ms
+                    .is_some_and(|age| is_stale(age, v.sample_window_ms, v.poll_interval_ms))
+            });
+            if stale && stale_at.is_none() {
+                stale_at = Some(now);
+            }
+        }
+        // 10 s window + 3 x 30 s: the first poll past 100 s.
+        assert_eq!(stale_at, Some(120_000));
+        assert_eq!(history.nodes.get("a").map(|n| n.samples.len()), Some(1));
+    }
+
     #[test]
     fn failed_polls_count_and_old_samples_go() {
-        let mut history = UsageHistory::new(Duration::from_secs(10 * 60));
+        let mut history = UsageHistory::new(Duration::from_secs(10 * 60), Duration::from_secs(60));
         history.record(0, Poll::Listed(&[("a", sample(0, 900, 10))]));
         for poll in 1..=4 {
             history.record(poll * MIN, Poll::Failed);
         }
         let a = cpu(&history, "a", 15, 4 * MIN);
-        assert_eq!(a.and_then(|v| v.polls_since_sample), Some(4));
+        assert_eq!(a.and_then(|v| v.sample_age_ms), Some(4 * 60_000));
         assert!(a.is_some_and(|v| v.metrics_failing && v.synced));
         // A success clears the failure; a repeated scrape is kept once.
         history.record(5 * MIN, Poll::Listed(&[("a", sample(0, 900, 10))]));
@@ -238,8 +285,13 @@ mod tests {
         history.record(11 * MIN, Poll::Listed(&[]));
         assert_eq!(history.nodes(), 0);
         assert_eq!(
-            cpu(&history, "a", 15, 11 * MIN).and_then(|v| v.polls_since_sample),
+            cpu(&history, "a", 15, 11 * MIN).and_then(|v| v.sample_age_ms),
             None
         );
+        // Cleared (the poller stopped): nothing kept, not synced.
+        history.record(12 * MIN, Poll::Listed(&[("b", sample(12 * MIN, 1, 1))]));
+        history.clear();
+        assert_eq!(history.nodes(), 0);
+        assert!(!history.synced());
     }
 }

@@ -13,8 +13,10 @@
 //!    [raw, ceiling] and differs from the computed one by at most floor(raw x minChange), the
 //!    stored value is kept: replicas whose views differ slightly agree, and usage noise does not
 //!    turn into status writes.
-//! 3. **Usage unknown** (no sample of the node), **stale** (its newest sample is more than
-//!    `STALE_AFTER_POLLS` polls old) or **the metrics API failing**: the policy's `nodeRatios`
+//! 3. **Usage unknown** (no sample of the node in the window), **stale** ([`is_stale`]: its
+//!    newest sample's own timestamp is older than its window plus `STALE_AFTER_POLLS` poll
+//!    intervals, so a node whose metrics stop changing goes stale even while metrics-server
+//!    keeps listing the old sample) or **the metrics API failing**: the policy's `nodeRatios`
 //!    ratio for the resource applies (raw when it has none), and the reason says which.
 //! 4. **Caches not synced** (the replica's pod index or metrics have not been read once yet):
 //!    the stored value is kept when it is within [raw, ceiling]; otherwise (first write, or raw
@@ -28,8 +30,19 @@
 use crate::policy::{Percent, UsageTarget};
 use crate::quantity::{Format, MAX_UNITS, Quantity, QuantityError, Ratio};
 
-/// A sample older than this many polls is stale (the fallback applies).
-pub const STALE_AFTER_POLLS: u32 = 3;
+/// A sample older than its window plus this many poll intervals is stale (the fallback applies).
+pub const STALE_AFTER_POLLS: u64 = 3;
+
+/// The default poll interval (`--usage-interval`).
+pub const DEFAULT_POLL_INTERVAL_MS: u64 = 30_000;
+
+/// Whether a sample is stale: `age_ms` is now minus its timestamp (the end of the interval it
+/// was measured over), `window_ms` that interval (metrics-server's scrape period: a newer
+/// sample is not due before it has passed), `interval_ms` how often the metrics API is polled.
+/// Stale when older than window + `STALE_AFTER_POLLS` x interval; exactly that old is fresh.
+pub fn is_stale(age_ms: u64, window_ms: u64, interval_ms: u64) -> bool {
+    age_ms > window_ms.saturating_add(interval_ms.saturating_mul(STALE_AFTER_POLLS))
+}
 
 /// What the caller knows about one node's usage, for one resource, in the resource's unit
 /// (cpu: millicores, others: whole units).
@@ -39,8 +52,13 @@ pub struct UsageView {
     pub synced: bool,
     /// The last poll of the metrics API failed.
     pub metrics_failing: bool,
-    /// Polls since the newest sample of this node (0: the latest poll had one); None: no sample.
-    pub polls_since_sample: Option<u32>,
+    /// Age of the node's newest sample in the window: now minus its timestamp, 0 when the
+    /// timestamp is ahead of now; None: no sample in the window.
+    pub sample_age_ms: Option<u64>,
+    /// That sample's window (the interval it was measured over).
+    pub sample_window_ms: u64,
+    /// How often the metrics API is polled (`--usage-interval`).
+    pub poll_interval_ms: u64,
     /// Sum of the requests of the node's non-terminal pods.
     pub requested: u128,
     /// Highest usage of the node in the window.
@@ -48,12 +66,14 @@ pub struct UsageView {
 }
 
 impl UsageView {
-    /// Synced, with a sample from the latest poll, the metrics API answering.
+    /// Synced, with a sample measured just now, the metrics API answering (polled every 30s).
     pub const fn fresh(requested: u128, peak_usage: u128) -> UsageView {
         UsageView {
             synced: true,
             metrics_failing: false,
-            polls_since_sample: Some(0),
+            sample_age_ms: Some(0),
+            sample_window_ms: 0,
+            poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
             requested,
             peak_usage,
         }
@@ -83,7 +103,7 @@ impl NodeUsage {
 pub enum FallbackReason {
     /// No sample of the node in the window.
     NoSample,
-    /// The newest sample is more than `STALE_AFTER_POLLS` polls old.
+    /// The newest sample is older than its window plus `STALE_AFTER_POLLS` poll intervals.
     Stale,
     /// The metrics API's last poll failed.
     MetricsFailing,
@@ -208,9 +228,11 @@ pub fn usage_allocatable(
     if view.metrics_failing {
         return fallback_value(FallbackReason::MetricsFailing);
     }
-    match view.polls_since_sample {
+    match view.sample_age_ms {
         None => return fallback_value(FallbackReason::NoSample),
-        Some(age) if age > STALE_AFTER_POLLS => return fallback_value(FallbackReason::Stale),
+        Some(age) if is_stale(age, view.sample_window_ms, view.poll_interval_ms) => {
+            return fallback_value(FallbackReason::Stale);
+        }
         Some(_) => {}
     }
     let overflow = || QuantityError::Overflow(raw.to_string());
@@ -266,9 +288,27 @@ pub(super) fn explain(
             "from usage ({inputs}): {computed} is within minChange of the value written, kept"
         ),
         UsageSource::NotSyncedKept => "caches not synced: the value written is kept".to_string(),
+        UsageSource::Fallback(FallbackReason::Stale) => format!(
+            "usage fallback (stale: newest sample {}s old, window {}s, polled every {}s): {by_ratio}",
+            seconds(view.sample_age_ms.unwrap_or(0)),
+            seconds(view.sample_window_ms),
+            seconds(view.poll_interval_ms),
+        ),
         UsageSource::Fallback(reason) => {
             format!("usage fallback ({}): {by_ratio}", reason.as_str())
         }
+    }
+}
+
+/// Milliseconds as seconds with up to 3 decimals ("12", "1.5").
+fn seconds(ms: u64) -> String {
+    let (whole, frac) = (ms / 1000, ms % 1000);
+    if frac == 0 {
+        whole.to_string()
+    } else {
+        format!("{whole}.{frac:03}")
+            .trim_end_matches('0')
+            .to_string()
     }
 }
 
@@ -399,7 +439,7 @@ mod tests {
             // Fallbacks.
             Case {
                 view: UsageView {
-                    polls_since_sample: None,
+                    sample_age_ms: None,
                     ..view(12_000, 3_000)
                 },
                 fallback: Some("2"),
@@ -409,7 +449,8 @@ mod tests {
             },
             Case {
                 view: UsageView {
-                    polls_since_sample: Some(4),
+                    sample_age_ms: Some(105_001),
+                    sample_window_ms: 15_000,
                     ..view(12_000, 3_000)
                 },
                 allocatable: "16",
@@ -418,11 +459,12 @@ mod tests {
             },
             Case {
                 view: UsageView {
-                    polls_since_sample: Some(3),
+                    sample_age_ms: Some(105_000),
+                    sample_window_ms: 15_000,
                     ..view(12_000, 3_000)
                 },
                 allocatable: "18600m",
-                ..case("3 polls old is still fresh", "16", view(0, 0))
+                ..case("window + 3 polls old is still fresh", "16", view(0, 0))
             },
             Case {
                 view: UsageView {
@@ -502,6 +544,35 @@ mod tests {
                 Err(e) => panic!("{}: {e}", c.name),
             }
         }
+    }
+
+    #[test]
+    fn staleness_is_the_samples_own_age() {
+        // (age, window, interval, stale)
+        let cases = [
+            (0, 0, 30_000, false),
+            (90_000, 0, 30_000, false),
+            (90_001, 0, 30_000, true),
+            // A scrape period longer than 3 polls: not stale before the next scrape is due.
+            (80_000, 60_000, 10_000, false),
+            (90_000, 60_000, 10_000, false),
+            (90_001, 60_000, 10_000, true),
+            // A frozen sample (metrics-server listing the same old one) ages and goes stale.
+            (3_600_000, 15_000, 30_000, true),
+            // Never an overflow.
+            (u64::MAX, u64::MAX, u64::MAX, false),
+            (u64::MAX, 0, u64::MAX / 4, true),
+        ];
+        for (age, window, interval, stale) in cases {
+            assert_eq!(
+                is_stale(age, window, interval),
+                stale,
+                "age {age} window {window} interval {interval}"
+            );
+        }
+        assert_eq!(seconds(105_001), "105.001");
+        assert_eq!(seconds(1_500), "1.5");
+        assert_eq!(seconds(30_000), "30");
     }
 
     /// Fed its own output as the stored value, the rule writes the same value again.

@@ -348,3 +348,23 @@ fn unescaped_members_refuse_escapes_and_anything_members_in_refuses() {
     });
     assert_eq!((read, calls), (None, 1));
 }
+
+#[test]
+fn unescaped_end_finds_the_closing_quote_of_plain_text_only() {
+    let cases: &[(&str, usize, Option<usize>)] = &[
+        (r#""2026-11-24T01:41:17Z","#, 1, Some(21)),
+        (r#""","#, 1, Some(1)),
+        (
+            r#""a long value that spans more than eight bytes" "#,
+            1,
+            Some(46),
+        ),
+        (r#""with \" an escape""#, 1, None),
+        ("\"a raw\ncontrol\"", 1, None),
+        (r#""not terminated"#, 1, None),
+        ("", 0, None),
+    ];
+    for &(text, from, expected) in cases {
+        assert_eq!(unescaped_end(text.as_bytes(), from), expected, "{text}");
+    }
+}

@@ -30,6 +30,11 @@ import (
 // pods' usage. cpu is a rate in cores: the reported counters integrate it over time.
 const UsageAnnotation = "kcp.overcommit.dev/usage"
 
+// FreezeAnnotation on a Node ("true") makes its /metrics/resource serve the body it served
+// last again, timestamps and all: a kubelet whose stats stopped updating. metrics-server then
+// keeps listing the node's old sample.
+const FreezeAnnotation = "kcp.overcommit.dev/freeze-metrics"
+
 // Usage is a scripted usage: cpu in cores, memory in bytes.
 type Usage struct {
 	CPU, Memory float64
@@ -96,12 +101,13 @@ type resourceMetrics struct {
 	nodeCPU    map[string]*counter
 	containers map[containerKey]*counter
 	badUsage   map[string]string // object key -> the last annotation that did not parse (logged once)
+	served     map[string][]byte // node -> the body last rendered (served again while frozen)
 }
 
 const podsByNode = "node"
 
 func newResourceMetrics(ctx context.Context, client kubernetes.Interface, nodes map[string]bool) (*resourceMetrics, error) {
-	m := &resourceMetrics{nodes: nodes, nodeCPU: map[string]*counter{}, containers: map[containerKey]*counter{}, badUsage: map[string]string{}}
+	m := &resourceMetrics{nodes: nodes, nodeCPU: map[string]*counter{}, containers: map[containerKey]*counter{}, badUsage: map[string]string{}, served: map[string][]byte{}}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	podInf := factory.Core().V1().Pods().Informer()
 	if err := podInf.AddIndexers(cache.Indexers{podsByNode: func(obj any) ([]string, error) {
@@ -209,11 +215,25 @@ func (m *resourceMetrics) sync(now time.Time) {
 	}
 }
 
-// render writes node's resource metrics at now, in the kubelet's text format.
+// frozen reports whether node's FreezeAnnotation is "true".
+func (m *resourceMetrics) frozen(node string) bool {
+	if o, ok, _ := m.nodeObjs.GetByKey(node); ok {
+		if n, ok := o.(*corev1.Node); ok {
+			return n.Annotations[FreezeAnnotation] == "true"
+		}
+	}
+	return false
+}
+
+// render writes node's resource metrics at now, in the kubelet's text format (or, while the
+// node is frozen, the body served last).
 func (m *resourceMetrics) render(node string, now time.Time) ([]byte, error) {
 	m.sync(now)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if last, ok := m.served[node]; ok && m.frozen(node) {
+		return last, nil
+	}
 	ts := now.UnixMilli()
 	sample := func(v float64, labels ...string) *dto.Metric {
 		out := &dto.Metric{Untyped: &dto.Untyped{Value: ptr.To(v)}, TimestampMs: ptr.To(ts)}
@@ -291,6 +311,10 @@ func (m *resourceMetrics) render(node string, now time.Time) ([]byte, error) {
 			return nil, err
 		}
 	}
+	if m.served == nil {
+		m.served = map[string][]byte{}
+	}
+	m.served[node] = buf.Bytes()
 	return buf.Bytes(), nil
 }
 

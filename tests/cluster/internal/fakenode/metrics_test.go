@@ -2,7 +2,9 @@ package fakenode
 
 import (
 	"bytes"
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,5 +158,45 @@ func TestRenderResourceMetrics(t *testing.T) {
 	}
 	if fams["container_cpu_usage_seconds_total"].GetType().String() != "COUNTER" || fams["node_memory_working_set_bytes"].GetType().String() != "GAUGE" {
 		t.Errorf("metric types: %s", body)
+	}
+}
+
+// A frozen node serves its last body again (old timestamps and all), until thawed.
+func TestFrozenNodeServesItsLastBody(t *testing.T) {
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{podsByNode: func(obj any) ([]string, error) {
+		return []string{obj.(*corev1.Pod).Spec.NodeName}, nil
+	}})
+	nodes := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n0",
+		Annotations: map[string]string{UsageAnnotation: `{"cpu":"1","memory":"1Gi"}`}}}
+	if err := nodes.Add(node); err != nil {
+		t.Fatal(err)
+	}
+	m := &resourceMetrics{nodes: map[string]bool{"n0": true}, pods: pods, nodeObjs: nodes,
+		nodeCPU: map[string]*counter{}, containers: map[containerKey]*counter{}, badUsage: map[string]string{}}
+	t0 := time.Unix(3000, 0)
+	render := func(at time.Time) string {
+		t.Helper()
+		body, err := m.render("n0", at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(body)
+	}
+	first := render(t0)
+	frozen := node.DeepCopy()
+	frozen.Annotations[FreezeAnnotation] = "true"
+	if err := nodes.Update(frozen); err != nil {
+		t.Fatal(err)
+	}
+	if again := render(t0.Add(10 * time.Second)); again != first {
+		t.Fatalf("frozen: body changed\n%s\nthen\n%s", first, again)
+	}
+	if err := nodes.Update(node); err != nil {
+		t.Fatal(err)
+	}
+	thawed := render(t0.Add(20 * time.Second))
+	if thawed == first || !strings.Contains(thawed, fmt.Sprint(t0.Add(20*time.Second).UnixMilli())) {
+		t.Fatalf("thawed: body not renewed\n%s", thawed)
 	}
 }
