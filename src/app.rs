@@ -288,7 +288,7 @@ async fn start_placement(
     let client = kube::Client::try_default()
         .await
         .context("--request-cap watches nodes and pods: no Kubernetes client configuration")?;
-    let placement = sources::placement::WatchedPlacement::default();
+    let placement = sources::placement::WatchedPlacement::with_client(client.clone());
     let nodes = tokio::spawn(sources::placement::run(
         client.clone(),
         placement.clone(),

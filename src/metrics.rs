@@ -160,6 +160,31 @@ impl From<crate::placement::CapOutcome> for PlacementOutcomeLabel {
     }
 }
 
+/// `result` label of the reads of pods /validate's index did not hold yet.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodReadLabels {
+    pub result: PodReadLabel,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum PodReadLabel {
+    found,
+    not_found,
+    failed,
+}
+
+impl From<crate::placement::PodLookup> for PodReadLabel {
+    fn from(l: crate::placement::PodLookup) -> Self {
+        use crate::placement::PodLookup;
+        match l {
+            PodLookup::Found => Self::found,
+            PodLookup::NotFound => Self::not_found,
+            PodLookup::Failed => Self::failed,
+        }
+    }
+}
+
 /// HTTP responses that never reached admission (`status` label), e.g. 404, 405, 413, 415.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
@@ -222,6 +247,8 @@ pub struct Metrics {
     pub heartbeats_kept: Family<HeartbeatsKeptLabels, Counter>,
     /// /validate reviews (the request cap) by outcome.
     pub placement_reviews: Family<PlacementLabels, Counter>,
+    /// Reads (GET) of pods a binding named that /validate's pod index did not hold yet, by result.
+    pub placement_pod_reads: Family<PodReadLabels, Counter>,
     /// Time from request headers to response, for every /mutate request.
     pub review_duration: LatencyHistogram,
     /// Requests refused before admission, by HTTP status.
@@ -304,6 +331,7 @@ impl Metrics {
             reviews,
             heartbeats_kept: Family::default(),
             placement_reviews: Family::default(),
+            placement_pod_reads: Family::default(),
             review_duration: LatencyHistogram::new(),
             http_rejects: Family::default(),
             policies_loaded: Gauge::default(),
@@ -334,6 +362,11 @@ impl Metrics {
             "placement_reviews",
             "Placement reviews on /validate (the request cap) by outcome: denied (capMode Enforce) and warned (capMode Warn) are over the cap",
             m.placement_reviews.clone(),
+        );
+        root.register(
+            "placement_pod_reads",
+            "Pods a binding named that this replica's pod index did not hold yet, read from the API server (one GET, 500 ms at most) by result: found (decided on it), not_found and failed (allowed)",
+            m.placement_pod_reads.clone(),
         );
         root.register(
             "review_duration_seconds",

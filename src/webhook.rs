@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use overcommit_core::policy::PolicySet;
 
 use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
-use crate::metrics::{HeartbeatsKeptLabels, Metrics, PlacementLabels, RejectLabels};
+use crate::metrics::{HeartbeatsKeptLabels, Metrics, PlacementLabels, PodReadLabels, RejectLabels};
 use crate::placement::{self, CapOutcome, PlacementSource};
 use crate::server::Handler;
 use crate::server::budget::{BodyBudget, Exhausted, Reservation};
@@ -248,8 +248,16 @@ impl Webhook {
                 );
             }
         };
-        let policies = self.policies.load();
-        let validated = placement::handle(&body, &policies, source);
+        let policies = self.policies.load_full();
+        let validated = placement::handle_fetching(&body, &policies, source).await;
+        if let Some(lookup) = validated.lookup {
+            self.metrics
+                .placement_pod_reads
+                .get_or_create(&PodReadLabels {
+                    result: lookup.into(),
+                })
+                .inc();
+        }
         match (validated.outcome, &validated.message) {
             (CapOutcome::Denied | CapOutcome::Warned, Some(message)) => tracing::info!(
                 outcome = validated.outcome.as_str(),

@@ -1261,3 +1261,59 @@ fn object_conditions_are_compared_with_the_stored_ones_where_only_heartbeats_dif
     let text = String::from_utf8_lossy(FIXTURES[5].1).into_owned();
     assert!(compared(&text).is_some());
 }
+
+#[test]
+fn stored_annotations_are_read_whatever_the_stored_node_s_order() {
+    // An object without annotations (a status writer that sent none) has the stored node's
+    // annotations decide; with quiet heartbeats the stored node is read for its conditions too,
+    // and reading may stop after them, but not before the annotations are read, even where
+    // the stored node is written with its status first (the API server writes metadata first).
+    // Edited as text: the request's members keep their order (a map would sort them).
+    let sets = policy_sets();
+    let (_, quiet_rules) = &sets[3];
+    let text = String::from_utf8_lossy(FIXTURES[0].1).into_owned();
+    let value_span = |text: &str, key: &str, nth_from_end: bool| {
+        let found = if nth_from_end {
+            text.rfind(key)
+        } else {
+            text.find(key)
+        };
+        let Some(start) = found.map(|at| at + key.len()) else {
+            panic!("fixture without {key}");
+        };
+        match overcommit_json::scan::skip_value(text.as_bytes(), start) {
+            Ok(end) => start..end,
+            Err(e) => panic!("{key}: {e:?}"),
+        }
+    };
+    // The object's annotations go (the first ones: the object comes before oldObject) ...
+    let annotations = value_span(&text, "\"annotations\":", false);
+    let mut edited = text.clone();
+    edited.replace_range(
+        annotations.start - "\"annotations\":".len()..annotations.end + 1,
+        "",
+    );
+    // ... and its allocatable is the stored (inflated) one: only the stored raw annotation
+    // tells it from a kubelet's own value.
+    let stored_allocatable = edited[value_span(&edited, "\"allocatable\":", true)].to_string();
+    let allocatable = value_span(&edited, "\"allocatable\":", false);
+    edited.replace_range(allocatable, &stored_allocatable);
+    let old_span = value_span(&edited, "\"oldObject\":", false);
+    let Ok(old) = serde_json::from_str::<Value>(&edited[old_span.clone()]) else {
+        panic!("oldObject is not JSON");
+    };
+    let member = |name: &str| format!("{}:{}", Value::from(name), old[name]);
+    let status_first = format!(
+        "{{{},{},{},{}}}",
+        member("status"),
+        member("metadata"),
+        member("kind"),
+        member("apiVersion")
+    );
+    let mut reordered = edited.clone();
+    reordered.replace_range(old_span, &status_first);
+    for (name, body) in [("metadata first", &edited), ("status first", &reordered)] {
+        let answer = assert_identical(name, body.as_bytes(), quiet_rules);
+        assert_eq!(answer.outcome, Outcome::Patched, "{name}");
+    }
+}

@@ -16,6 +16,11 @@
 //! - Anything unknown (a pod or node not in the caches yet, an unreadable object, a quantity that
 //!   does not parse) is allowed: outcome `FailedOpen` with the reason, as the webhook's
 //!   `failurePolicy: Ignore` would do. A body that is not an AdmissionReview: 400.
+//! - [`handle_fetching`] (what the server calls): as `handle`, but a binding whose pod the index
+//!   does not hold yet (created an instant ago, this replica's watch behind) is decided on one
+//!   read of that pod from the source ([`PlacementSource::fetch_pod`]: a GET with a short
+//!   timeout); not found or failed, it fails open as before. The lookup is reported
+//!   (`Validated::lookup`) for a metric.
 
 pub mod ledger;
 pub mod pod;
@@ -23,7 +28,9 @@ pub mod state;
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::future::BoxFuture;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
@@ -52,6 +59,28 @@ pub trait PlacementSource: Send + Sync {
     fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128>;
     /// A placement of `namespace/name` on `node` was allowed.
     fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>);
+    /// One read of a pod the index does not hold (yet), from the API server: `Ok(None)` when
+    /// there is no such pod, `Err` with the reason when the read failed or took too long.
+    /// Without an API client: an error.
+    fn fetch_pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<PodFacts>, String>> {
+        let _ = (namespace, name);
+        Box::pin(async { Err("no API client to read the pod".to_string()) })
+    }
+}
+
+/// What became of a pod missing from the index (a metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PodLookup {
+    /// Read from the API server; the placement was decided on it.
+    Found,
+    /// No such pod: allowed (the API server refuses the binding itself).
+    NotFound,
+    /// The read failed or timed out: allowed (fail open).
+    Failed,
 }
 
 /// What happened (a metrics label and the log).
@@ -86,6 +115,10 @@ pub struct Validated {
     pub outcome: CapOutcome,
     /// The message of a denial or warning, or why the review failed open or was refused.
     pub message: Option<String>,
+    /// The pod a binding names, when the index did not hold it (`FailedOpen`): namespace, name.
+    pub missing_pod: Option<(String, String)>,
+    /// What a read of that pod gave ([`handle_fetching`]).
+    pub lookup: Option<PodLookup>,
 }
 
 /// Why a placement could not be decided (it is then allowed).
@@ -95,8 +128,16 @@ pub enum PlacementError {
     NotAReview(String),
     #[error("binding {0}: no target node")]
     NoTarget(String),
-    #[error("pod {0}: not in this replica's pod index yet")]
-    UnknownPod(String),
+    #[error("pod {namespace}/{name}: not in this replica's pod index yet")]
+    UnknownPod { namespace: String, name: String },
+    #[error(
+        "pod {namespace}/{name}: not in this replica's pod index yet, and reading it failed: {reason}"
+    )]
+    PodRead {
+        namespace: String,
+        name: String,
+        reason: String,
+    },
     #[error("node {0}: not in this replica's node cache yet")]
     UnknownNode(String),
     #[error("pod {pod}: {reason}")]
@@ -180,6 +221,75 @@ pub fn handle(body: &[u8], policies: &PolicySet, source: &dyn PlacementSource) -
     }
 }
 
+/// `handle`, with one read of a binding's pod the index does not hold yet (see the module
+/// documentation). The read is the only await; everything else is `handle`.
+pub async fn handle_fetching(
+    body: &[u8],
+    policies: &PolicySet,
+    source: &dyn PlacementSource,
+) -> Validated {
+    let first = handle(body, policies, source);
+    let Some((namespace, name)) = first.missing_pod.clone() else {
+        return first;
+    };
+    match source.fetch_pod(&namespace, &name).await {
+        Ok(Some(facts)) => {
+            let with = WithPod {
+                inner: source,
+                namespace: &namespace,
+                name: &name,
+                facts,
+            };
+            Validated {
+                lookup: Some(PodLookup::Found),
+                ..handle(body, policies, &with)
+            }
+        }
+        Ok(None) => Validated {
+            lookup: Some(PodLookup::NotFound),
+            ..first
+        },
+        Err(reason) => Validated {
+            lookup: Some(PodLookup::Failed),
+            message: Some(
+                PlacementError::PodRead {
+                    namespace,
+                    name,
+                    reason,
+                }
+                .to_string(),
+            ),
+            ..first
+        },
+    }
+}
+
+/// A source that also knows one pod (read from the API server for this review only).
+struct WithPod<'a> {
+    inner: &'a dyn PlacementSource,
+    namespace: &'a str,
+    name: &'a str,
+    facts: PodFacts,
+}
+
+impl PlacementSource for WithPod<'_> {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.inner.node(name)
+    }
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
+        if (namespace, name) == (self.namespace, self.name) {
+            return Some(self.facts.clone());
+        }
+        self.inner.pod(namespace, name)
+    }
+    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
+        self.inner.requested(node, namespace, name)
+    }
+    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
+        self.inner.allowed(namespace, name, node, requests);
+    }
+}
+
 /// Which pod goes to which node, if this review places one.
 struct Target {
     namespace: String,
@@ -188,8 +298,37 @@ struct Target {
     facts: PodFacts,
 }
 
-/// See `decide`.
-static DECIDING: Mutex<()> = Mutex::new(());
+/// One decision per node at a time, from reading the node's sum to recording the binding it
+/// allows: two reviews at once for one node (the API server calls over several connections)
+/// must not both pass on the same sum, while reviews for different nodes go on side by side.
+/// A node's slot lives while a decision holds or waits for it (so the map holds at most the
+/// nodes being decided right now).
+static DECIDING: Mutex<BTreeMap<String, Arc<Mutex<()>>>> = Mutex::new(BTreeMap::new());
+
+/// Run `decide` holding `node`'s slot in [`DECIDING`].
+fn one_at_a_time_on<R>(node: &str, decide: impl FnOnce() -> R) -> R {
+    let slot = {
+        let mut slots = DECIDING.lock().unwrap_or_else(PoisonError::into_inner);
+        match slots.get(node) {
+            Some(slot) => Arc::clone(slot),
+            None => {
+                let slot = Arc::new(Mutex::new(()));
+                slots.insert(node.to_string(), Arc::clone(&slot));
+                slot
+            }
+        }
+    };
+    let decided = {
+        let _held = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        decide()
+    };
+    let mut slots = DECIDING.lock().unwrap_or_else(PoisonError::into_inner);
+    // The map's and this decision's: nobody else holds or waits (a clone needs the map's lock).
+    if Arc::strong_count(&slot) == 2 {
+        slots.remove(node);
+    }
+    decided
+}
 
 fn decide(
     request: RequestIn,
@@ -206,29 +345,28 @@ fn decide(
     let Some(cap) = cap::node_cap(&policies.for_node(&node.labels)) else {
         return Ok(CapDecision::Allow);
     };
-    // One decision at a time, from reading the node's sum to recording the binding it allows:
-    // two reviews at once (the API server calls over several connections) must not both pass
-    // on the same sum. Held for the sum, the pure check and the ledger entry (microseconds),
-    // on /validate only.
-    let _one_at_a_time = DECIDING.lock().unwrap_or_else(PoisonError::into_inner);
-    let requested = source.requested(&target.node, &target.namespace, &target.name);
-    let decision = cap::check(&Placement {
-        node: &target.node,
-        pod: &target.name,
-        cap: Some(cap),
-        raw: &node.raw,
-        requested: &requested,
-        pod_requests: &target.facts.requests,
-        mirror: target.facts.mirror,
+    // Held for the sum, the pure check and the ledger entry (microseconds), on /validate only.
+    let decision = one_at_a_time_on(&target.node, || {
+        let requested = source.requested(&target.node, &target.namespace, &target.name);
+        let decision = cap::check(&Placement {
+            node: &target.node,
+            pod: &target.name,
+            cap: Some(cap),
+            raw: &node.raw,
+            requested: &requested,
+            pod_requests: &target.facts.requests,
+            mirror: target.facts.mirror,
+        });
+        if !dry_run && !matches!(decision, CapDecision::Deny(_)) {
+            source.allowed(
+                &target.namespace,
+                &target.name,
+                &target.node,
+                &target.facts.requests,
+            );
+        }
+        decision
     });
-    if !dry_run && !matches!(decision, CapDecision::Deny(_)) {
-        source.allowed(
-            &target.namespace,
-            &target.name,
-            &target.node,
-            &target.facts.requests,
-        );
-    }
     Ok(decision)
 }
 
@@ -267,9 +405,9 @@ fn target(
                 .map(|t| t.name)
                 .filter(|n| !n.is_empty())
                 .ok_or_else(|| PlacementError::NoTarget(key.clone()))?;
-            let facts = source
-                .pod(&namespace, &name)
-                .ok_or(PlacementError::UnknownPod(key))?;
+            let Some(facts) = source.pod(&namespace, &name) else {
+                return Err(PlacementError::UnknownPod { namespace, name });
+            };
             Ok(Some(Target {
                 namespace,
                 name,
@@ -295,7 +433,9 @@ fn target(
                 .namespace
                 .or_else(|| pod.metadata.namespace.clone())
                 .unwrap_or_default();
-            // generateName pods have no name until the API server gives one after admission.
+            // The API server generates a generateName pod's name (and uid) before validating
+            // admission (tests/cluster: TestRequestCapGenerateName), so the name is there; the
+            // prefix is only a fallback for a review that lacks it.
             let name = pod
                 .metadata
                 .name
@@ -342,6 +482,8 @@ fn answer(uid: &str, decision: CapDecision) -> Validated {
         body: review(response),
         outcome,
         message,
+        missing_pod: None,
+        lookup: None,
     }
 }
 
@@ -355,11 +497,17 @@ fn review(response: serde_json::Value) -> Vec<u8> {
 }
 
 fn fail_open(uid: &str, error: PlacementError) -> Validated {
+    let missing_pod = match &error {
+        PlacementError::UnknownPod { namespace, name } => Some((namespace.clone(), name.clone())),
+        _ => None,
+    };
     Validated {
         status: 200,
         body: review(json!({"uid": uid, "allowed": true})),
         outcome: CapOutcome::FailedOpen,
         message: Some(error.to_string()),
+        missing_pod,
+        lookup: None,
     }
 }
 
@@ -374,6 +522,8 @@ fn bad_request(error: PlacementError) -> Validated {
         body: serde_json::to_vec(&status).unwrap_or_default(),
         outcome: CapOutcome::BadRequest,
         message: Some(message),
+        missing_pod: None,
+        lookup: None,
     }
 }
 

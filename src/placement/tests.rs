@@ -605,3 +605,206 @@ fn dry_run_bindings_are_answered_but_not_counted() {
         )
     );
 }
+
+/// A source whose `requested` for worker-1 waits (up to 2 s) until a review for another node
+/// has been decided, and records whether it was.
+struct HoldsWorker1<'a> {
+    inner: &'a Fake,
+    inside: std::sync::atomic::AtomicBool,
+    other_done: std::sync::atomic::AtomicBool,
+    saw_other_done: std::sync::atomic::AtomicBool,
+}
+
+impl PlacementSource for HoldsWorker1<'_> {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.inner.node(name)
+    }
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
+        self.inner.pod(namespace, name)
+    }
+    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
+        use std::sync::atomic::Ordering;
+        if node == "worker-1" {
+            self.inside.store(true, Ordering::SeqCst);
+            let until = Instant::now() + Duration::from_secs(2);
+            while !self.other_done.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.saw_other_done
+                .store(self.other_done.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
+        self.inner.requested(node, namespace, name)
+    }
+    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
+        self.inner.allowed(namespace, name, node, requests);
+    }
+}
+
+/// Bindings to different nodes do not wait for each other: while a decision for worker-1 is
+/// in the middle (between reading the sum and recording the binding), one for worker-2 is
+/// decided (with one lock for every node, it would wait until worker-1's is done).
+#[test]
+fn bindings_to_different_nodes_are_decided_side_by_side() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (mut fake, policies) = fake("Enforce");
+    if let Some(worker) = fake.nodes.get("worker-1").cloned() {
+        fake.nodes.insert("worker-2".to_string(), worker);
+    }
+    add_pods(&mut fake, &["default/a", "default/b"], 600);
+    let source = HoldsWorker1 {
+        inner: &fake,
+        inside: AtomicBool::new(false),
+        other_done: AtomicBool::new(false),
+        saw_other_done: AtomicBool::new(false),
+    };
+    let (one, two) = (binding("a", "worker-1"), binding("b", "worker-2"));
+    let outcomes = std::thread::scope(|s| {
+        let first = s.spawn(|| handle(&one, &policies, &source).outcome);
+        let second = s.spawn(|| {
+            let until = Instant::now() + Duration::from_secs(2);
+            while !source.inside.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let outcome = handle(&two, &policies, &source).outcome;
+            source.other_done.store(true, Ordering::SeqCst);
+            outcome
+        });
+        [first.join(), second.join()].map(|h| h.unwrap_or(CapOutcome::FailedOpen))
+    });
+    assert_eq!(outcomes, [CapOutcome::Allowed, CapOutcome::Allowed]);
+    assert!(source.inside.load(Ordering::SeqCst));
+    assert!(
+        source.saw_other_done.load(Ordering::SeqCst),
+        "the binding to worker-2 waited for the one to worker-1"
+    );
+}
+
+/// The fake, plus an API server holding `remote` pods (a read of anything else finds nothing,
+/// or fails with `fail`), counting reads.
+struct Remote<'a> {
+    inner: &'a Fake,
+    remote: BTreeMap<String, PodFacts>,
+    fail: Option<&'static str>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl PlacementSource for Remote<'_> {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.inner.node(name)
+    }
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
+        self.inner.pod(namespace, name)
+    }
+    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
+        self.inner.requested(node, namespace, name)
+    }
+    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
+        self.inner.allowed(namespace, name, node, requests);
+    }
+    fn fetch_pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<PodFacts>, String>> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let answer = match self.fail {
+            Some(reason) => Err(reason.to_string()),
+            None => Ok(self.remote.get(&format!("{namespace}/{name}")).cloned()),
+        };
+        Box::pin(async move { answer })
+    }
+}
+
+/// A binding whose pod this replica's watch has not shown yet is decided on one read of the
+/// pod (refused over the cap, counted in the ledger when allowed); a pod the API server does
+/// not have, or a read that fails, is allowed (fail open) with the lookup reported; a pod in
+/// the index is never read.
+#[test]
+fn a_pod_missing_from_the_index_is_read_once() {
+    use futures::executor::block_on;
+    use std::sync::atomic::Ordering;
+    let (fake, policies) = fake("Enforce");
+    let pod = |cpu: u128| PodFacts {
+        requests: units(&[("cpu", cpu)]),
+        mirror: false,
+    };
+    let source = Remote {
+        inner: &fake,
+        remote: [
+            ("default/new-big".to_string(), pod(1000)),
+            ("default/new-small".to_string(), pod(600)),
+            ("default/new-next".to_string(), pod(600)),
+        ]
+        .into(),
+        fail: None,
+        reads: Default::default(),
+    };
+    let run = |pod: &str| {
+        block_on(handle_fetching(
+            &binding(pod, "worker-1"),
+            &policies,
+            &source,
+        ))
+    };
+
+    // worker-1 holds 3.5 of a cap of 4.4.
+    let big = run("new-big");
+    assert_eq!(
+        (big.outcome, big.lookup),
+        (CapOutcome::Denied, Some(PodLookup::Found))
+    );
+    assert_eq!(
+        big.message.as_deref(),
+        Some(
+            "node worker-1: cpu requests would reach 4.5 of a cap of 4.4 (110% of 4); pod \
+             new-big asks 1"
+        )
+    );
+    let small = run("new-small");
+    assert_eq!(
+        (small.outcome, small.lookup),
+        (CapOutcome::Allowed, Some(PodLookup::Found))
+    );
+    // new-small's binding counts (ledger): 3.5 + 0.6 + 0.6 is over.
+    assert_eq!(run("new-next").outcome, CapOutcome::Denied);
+    assert_eq!(source.reads.load(Ordering::SeqCst), 3);
+
+    let gone = run("never-created");
+    assert_eq!(
+        (gone.outcome, gone.lookup),
+        (CapOutcome::FailedOpen, Some(PodLookup::NotFound))
+    );
+    assert_eq!(response(&gone)["allowed"], json!(true));
+
+    // In the index: decided without a read (3.5 + 0.6 + 0.4 is over).
+    let indexed = run("web-3");
+    assert_eq!(
+        (indexed.outcome, indexed.lookup),
+        (CapOutcome::Denied, None)
+    );
+    assert_eq!(source.reads.load(Ordering::SeqCst), 4);
+
+    let failing = Remote {
+        inner: &fake,
+        remote: BTreeMap::new(),
+        fail: Some("no answer within 500ms"),
+        reads: Default::default(),
+    };
+    let failed = block_on(handle_fetching(
+        &binding("new-big", "worker-1"),
+        &policies,
+        &failing,
+    ));
+    assert_eq!(
+        (failed.outcome, failed.lookup),
+        (CapOutcome::FailedOpen, Some(PodLookup::Failed))
+    );
+    assert_eq!(response(&failed)["allowed"], json!(true));
+    assert_eq!(
+        failed.message.as_deref(),
+        Some(
+            "pod default/new-big: not in this replica's pod index yet, and reading it failed: \
+             no answer within 500ms"
+        )
+    );
+}

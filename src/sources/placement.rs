@@ -5,9 +5,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
@@ -19,13 +20,36 @@ use crate::placement::{NodeFacts, PlacementSource, PodFacts};
 use crate::shutdown::Signal;
 use overcommit_core::quantity::QuantityError;
 
-/// The watched state, shared by the watchers and the handler.
-#[derive(Debug, Clone, Default)]
+/// How long /validate waits for a pod its index does not hold yet (one GET), within the
+/// webhook's `timeoutSeconds` (1 s at least): then the binding is allowed (fail open).
+pub const POD_GET_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The watched state, shared by the watchers and the handler, and the client that reads a pod
+/// the watch has not shown yet.
+#[derive(Clone, Default)]
 pub struct WatchedPlacement {
     state: Arc<Mutex<PlacementState>>,
+    client: Option<kube::Client>,
+}
+
+impl std::fmt::Debug for WatchedPlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchedPlacement")
+            .field("state", &self.state)
+            .field("client", &self.client.is_some())
+            .finish()
+    }
 }
 
 impl WatchedPlacement {
+    /// Empty state; pods missing from the index are read with `client`.
+    pub fn with_client(client: kube::Client) -> Self {
+        Self {
+            state: Arc::default(),
+            client: Some(client),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, PlacementState> {
         // A panic while holding the lock cannot leave the maps half-updated in a way that
         // matters more than failing open; keep serving.
@@ -71,6 +95,24 @@ impl PlacementSource for WatchedPlacement {
     ) {
         self.lock()
             .allowed(namespace, name, node, requests, Instant::now());
+    }
+    fn fetch_pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<PodFacts>, String>> {
+        Box::pin(async move {
+            let Some(client) = self.client.clone() else {
+                return Err("no API client to read the pod".to_string());
+            };
+            let api: Api<Pod> = Api::namespaced(client, namespace);
+            let pod = tokio::time::timeout(POD_GET_TIMEOUT, api.get_opt(name))
+                .await
+                .map_err(|_| format!("no answer within {POD_GET_TIMEOUT:?}"))?
+                .map_err(|e| e.to_string())?;
+            pod.map(|p| crate::placement::pod::facts(&p).map_err(|e| e.to_string()))
+                .transpose()
+        })
     }
 }
 

@@ -500,11 +500,11 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{false, "patch", "", "nodes", "some-node", ""},
 		{false, "patch", "", "nodes/status", "some-node", ""},
 		{false, "delete", "", "nodes", "some-node", ""},
-		// Usage policies and the placement cap: every replica lists and watches pods, and that
-		// is all it may do with them.
+		// Usage policies and the placement cap: every replica lists, watches and gets pods (the
+		// cap reads a pod its watch has not shown yet), and that is all it may do with them.
 		{true, "list", "", "pods", "", ""},
 		{true, "watch", "", "pods", "", ""},
-		{false, "get", "", "pods", "some-pod", ns},
+		{true, "get", "", "pods", "some-pod", ns},
 		{false, "update", "", "pods", "some-pod", ns},
 		{false, "create", "", "pods/binding", "", "default"},
 		{false, "create", "", "pods", "", ns},

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -653,6 +654,102 @@ func TestRequestCapBurst(t *testing.T) {
 		t.Errorf("no fail-open call counted by the API server: %+v -> %+v", before, after)
 	}
 	t.Logf("webhook down: a pod over the cap admitted in %v (fail open; API server counts %+v -> %+v)", took.Round(time.Millisecond), before, after)
+}
+
+// Pods created with generateName and spec.nodeName, 40 at once on one node capped at 4.4 (200m
+// each): the API server generates the name (and uid) before validating admission (the registry's
+// BeforeCreate runs between mutating and validating admission), so the cap sees and counts each
+// pod under its own name, and holds exactly as for named pods: 22 created, 18 refused, each
+// refusal naming a generated pod (never the bare prefix, which would make every pod one ledger
+// entry and let the burst through). Then a binding of a pod the index does not hold is decided
+// on one GET of the pod, counted in kube_overcommit_placement_pod_reads_total.
+func TestRequestCapGenerateName(t *testing.T) {
+	ctx := harness.Context(t, 4*time.Minute)
+	ns := uniqueName("ko-gen")
+	rs := startReplicasWithPolicy(t, ctx, ns, 1, capPolicy, "--request-cap")
+	if err := harness.Eventually(90*time.Second, 250*time.Millisecond, func() error { return rs.settled(ctx) }); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	podNS := ns + "-pods"
+	createNamespace(t, ctx, podNS)
+	node := ns + "-node"
+	capNode(t, ctx, node, ns)
+	waitCapCalled(t, ctx, podNS, "gen-probe", node)
+
+	pods := shared.Client.CoreV1().Pods(podNS)
+	const prefix = "gen-"
+	generated := regexp.MustCompile(`; pod (` + prefix + `[a-z0-9]{5}) asks 0\.2`)
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		created = map[string]bool{}
+		refused = map[string]bool{}
+		others  []string
+	)
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := placedPod("", node, "200m")
+			p.GenerateName = prefix
+			<-start
+			got, err := pods.Create(ctx, p, metav1.CreateOptions{})
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				created[got.Name] = true
+				return
+			}
+			m := generated.FindStringSubmatch(err.Error())
+			if m == nil || !strings.Contains(err.Error(), "node "+node+": cpu requests would reach") ||
+				!strings.Contains(err.Error(), "of a cap of 4.4 (110% of 4)") {
+				others = append(others, err.Error())
+				return
+			}
+			refused[m[1]] = true
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(others) > 0 {
+		t.Fatalf("creates failed otherwise than by the cap naming a generated pod: %v", others)
+	}
+	list, err := pods.List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var milli int64
+	for _, p := range list.Items {
+		for _, c := range p.Spec.Containers {
+			milli += c.Resources.Requests.Cpu().MilliValue()
+		}
+	}
+	t.Logf("generateName burst: %d created, %d refused (distinct generated names); %dm on the node (cap 4400m)", len(created), len(refused), milli)
+	if len(created) != 22 || len(refused) != 18 || milli != 4400 {
+		t.Errorf("%d created, %d refused, %dm on the node; want exactly 22, 18 and 4400m", len(created), len(refused), milli)
+	}
+
+	// A binding naming a pod the replica's index does not hold is decided on one GET of the
+	// pod from this API server: one that does not exist is allowed (the API server refuses the
+	// binding itself) and the read is counted.
+	replica := rs.in.Replicas()[0]
+	notFound := `kube_overcommit_placement_pod_reads_total{result="not_found"}`
+	before, err := replicaMetrics(replica)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed, msg, err := validateBinding(ctx, replica, podNS, "never-created", node)
+	if err != nil || !allowed {
+		t.Fatalf("binding of a pod that does not exist: allowed %v %q %v", allowed, msg, err)
+	}
+	after, err := replicaMetrics(replica)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after[notFound] != before[notFound]+1 {
+		t.Errorf("%s: %v -> %v, want one more read", notFound, before[notFound], after[notFound])
+	}
 }
 
 // The default scheduler follows allocatable while the cap refuses the bindings beyond it: a
