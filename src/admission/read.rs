@@ -142,7 +142,7 @@ pub(super) trait Needs {
     /// (`oldObject`'s) annotations too.
     fn stored_annotations(&self, annotations: Option<&StrMap<'_>>) -> bool;
     /// Whether a node status update of a node with these labels needs its conditions and the
-    /// stored node's.
+    /// stored node's. Always asked with the object's labels, so the same within one review.
     fn conditions(&self, labels: Option<&StrMap<'_>>) -> bool;
 }
 
