@@ -670,33 +670,23 @@ mod tests {
         for (raw, applied, expected) in cases {
             assert_eq!(&read_pair(raw, applied), expected, "{raw} / {applied}");
         }
+        // The usual applied annotation, where the raw one is the case.
+        const A: &str = "policy=a;ratios=cpu=2";
         let refused: &[(&str, &str, &str)] = &[
-            ("cpu=4,cpu=5", "policy=a;ratios=cpu=2", "cpu given twice"),
-            ("cpu", "policy=a;ratios=cpu=2", "is not name=value"),
-            ("cpu=", "policy=a;ratios=cpu=2", "is not name=value"),
-            ("cpu=4,", "policy=a;ratios=cpu=2", "is not name=value"),
-            ("cpu= 4", "policy=a;ratios=cpu=2", "is not name=value"),
-            (",cpu=4", "policy=a;ratios=cpu=2", "is not name=value"),
-            (
-                "cpu=4,,memory=1",
-                "policy=a;ratios=cpu=2",
-                "is not name=value",
-            ),
-            ("cpu=4=5", "policy=a;ratios=cpu=2", "is not name=value"),
-            ("cpu={4}", "policy=a;ratios=cpu=2", "is not name=value"),
-            ("=4", "policy=a;ratios=cpu=2", "is not name=value"),
-            (
-                "memory=1,cpu=4,memory=2",
-                "policy=a;ratios=cpu=2",
-                "memory given twice",
-            ),
+            ("cpu=4,cpu=5", A, "cpu given twice"),
+            ("cpu", A, "is not name=value"),
+            ("cpu=", A, "is not name=value"),
+            ("cpu=4,", A, "is not name=value"),
+            ("cpu= 4", A, "is not name=value"),
+            (",cpu=4", A, "is not name=value"),
+            ("cpu=4,,memory=1", A, "is not name=value"),
+            ("cpu=4=5", A, "is not name=value"),
+            ("cpu={4}", A, "is not name=value"),
+            ("=4", A, "is not name=value"),
+            ("memory=1,cpu=4,memory=2", A, "memory given twice"),
             ("cpu=4", "policy=a;ratios=cpu=2,", "is not name=value"),
             ("cpu=4", "policy=a;ratios=cpu=2;", "where usage= belongs"),
-            (
-                "cpu=four",
-                "policy=a;ratios=cpu=2",
-                "overcommit.dev/raw-allocatable cpu",
-            ),
+            ("cpu=four", A, "overcommit.dev/raw-allocatable cpu"),
             ("cpu=4", "ratios=cpu=2;policy=a", "where policy= belongs"),
             ("cpu=4", "policy=a", "no ratios="),
             ("cpu=4", "policy=;ratios=cpu=2", "is not a name"),
