@@ -94,16 +94,42 @@ def _resources(lst) -> dict:
 def _annotation_value(name: str, text: str | None):
     if text is None:
         return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return ("unparsable", text)
+    if not text.lstrip().startswith("{"):
+        value = _listed_annotation(name, text)
+        if value is None:
+            return ("unparsable", text)
+    else:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return ("unparsable", text)
     if name.endswith("raw-allocatable") and isinstance(value, dict):
         return _resources(value)
     if name.endswith("applied") and isinstance(value, dict):
         ratios = value.get("ratios") or value.get("nodeRatios") or {}
         return {"policy": value.get("policy"), "ratios": {k: Fraction(str(v)) for k, v in ratios.items()}}
     return value
+
+
+def _listed_annotation(name: str, text: str):
+    """The listed format (cpu=4,memory=16Gi; policy=batch;ratios=cpu=2) as the JSON one reads."""
+    def pairs(part: str):
+        if part == "":
+            return {}
+        out = {}
+        for entry in part.split(","):
+            k, sep, v = entry.partition("=")
+            if not sep or not k or not v or k in out:
+                return None
+            out[k] = v
+        return out
+    if name.endswith("raw-allocatable"):
+        return pairs(text)
+    sections = dict(s.partition("=")[::2] for s in text.split(";"))
+    ratios = pairs(sections.get("ratios", ""))
+    if "policy" not in sections or ratios is None:
+        return None
+    return {"policy": sections["policy"], "ratios": ratios}
 
 
 def essence(obj: dict) -> dict:

@@ -102,14 +102,19 @@ def rfc3339(t: dt.datetime) -> str:
     return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def listed(pairs: dict) -> str:
+    """The product's listed annotation format: name=value pairs joined by ",", sorted."""
+    return ",".join(f"{k}={v}" for k, v in sorted(pairs.items()))
+
+
 def node_review(stored: dict) -> dict:
     raw = stored["status"]["allocatable"]
     old = copy.deepcopy(stored)
     ann = old["metadata"].setdefault("annotations", {})
     # As the product writes it: the kubelet's value of each inflated resource only.
     inflated = {k: v for k, v in raw.items() if k in NODE_RATIOS}
-    ann["overcommit.dev/raw-allocatable"] = json.dumps(inflated, sort_keys=True, separators=(",", ":"))
-    ann["overcommit.dev/applied"] = json.dumps({"policy": POLICY_NAME, "ratios": NODE_RATIOS}, sort_keys=True, separators=(",", ":"))
+    ann["overcommit.dev/raw-allocatable"] = listed(inflated)
+    ann["overcommit.dev/applied"] = f"policy={POLICY_NAME};ratios={listed(NODE_RATIOS)}"
     old["status"]["allocatable"] = inflate(raw, NODE_RATIOS)
 
     new = copy.deepcopy(old)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -25,7 +27,7 @@ const (
 	labelDisabled     = "overcommit.dev/disabled"
 )
 
-// applied is the JSON kept in overcommit.dev/applied (same field order as the product).
+// applied is what overcommit.dev/applied says (JSON field names of earlier versions).
 type applied struct {
 	Policy string            `json:"policy"`
 	Ratios map[string]string `json:"ratios"`
@@ -128,16 +130,6 @@ func (d *NodeCustomDefaulter) mutate(ctx context.Context, node *corev1.Node) err
 		newAlloc[name] = desired
 	}
 
-	var rawJSON, appliedJSON []byte
-	if pol != nil {
-		var err error
-		if rawJSON, err = json.Marshal(rawRecord); err != nil {
-			return err
-		}
-		if appliedJSON, err = json.Marshal(applied{Policy: pol.name, Ratios: pol.rawRatios}); err != nil {
-			return err
-		}
-	}
 	node.Status.Allocatable = newAlloc
 	if pol == nil {
 		delete(node.Annotations, annotationRaw)
@@ -147,9 +139,61 @@ func (d *NodeCustomDefaulter) mutate(ctx context.Context, node *corev1.Node) err
 	if node.Annotations == nil {
 		node.Annotations = map[string]string{}
 	}
-	node.Annotations[annotationRaw] = string(rawJSON)
-	node.Annotations[annotationApplied] = string(appliedJSON)
+	node.Annotations[annotationRaw] = listed(rawRecord)
+	node.Annotations[annotationApplied] = "policy=" + pol.name + ";ratios=" + listed(pol.rawRatios)
 	return nil
+}
+
+// listed writes name=value pairs joined by ",", sorted by name (the product's listed format).
+func listed(m map[string]string) string {
+	names := make([]string, 0, len(m))
+	for name := range m {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for i, name := range names {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(name + "=" + m[name])
+	}
+	return b.String()
+}
+
+// parseListed reads name=value pairs joined by "," (empty: none).
+func parseListed(text string) (map[string]string, error) {
+	out := map[string]string{}
+	if text == "" {
+		return out, nil
+	}
+	for _, entry := range strings.Split(text, ",") {
+		name, value, ok := strings.Cut(entry, "=")
+		if !ok || name == "" || value == "" {
+			return nil, fmt.Errorf("%q is not name=value", entry)
+		}
+		if _, twice := out[name]; twice {
+			return nil, fmt.Errorf("%s given twice", name)
+		}
+		out[name] = value
+	}
+	return out, nil
+}
+
+// parseApplied reads policy=NAME;ratios=PAIRS (a usage section is not written by this peer).
+func parseApplied(text string) (applied, error) {
+	var out applied
+	policyPart, ratiosPart, ok := strings.Cut(text, ";")
+	name, okPolicy := strings.CutPrefix(policyPart, "policy=")
+	ratios, okRatios := strings.CutPrefix(ratiosPart, "ratios=")
+	if !ok || !okPolicy || !okRatios || name == "" {
+		return out, fmt.Errorf("%s=%q is not policy=NAME;ratios=PAIRS", annotationApplied, text)
+	}
+	parsed, err := parseListed(ratios)
+	if err != nil {
+		return out, err
+	}
+	return applied{Policy: name, Ratios: parsed}, nil
 }
 
 // storedAnnotations reads the stored node's (oldObject's) annotations, for a status writer
@@ -176,12 +220,24 @@ func readPrevious(a map[string]string) (*previous, error) {
 	if !okRaw || !okApplied {
 		return nil, errors.New("one of the two overcommit annotations is missing")
 	}
+	// The listed format, or the JSON one of earlier versions (a text starting with "{").
 	var rawStrings map[string]string
 	var last applied
-	if err := json.Unmarshal([]byte(rawText), &rawStrings); err != nil {
+	var err error
+	if strings.HasPrefix(strings.TrimSpace(rawText), "{") {
+		err = json.Unmarshal([]byte(rawText), &rawStrings)
+	} else {
+		rawStrings, err = parseListed(rawText)
+	}
+	if err != nil {
 		return nil, err
 	}
-	if err := json.Unmarshal([]byte(appliedText), &last); err != nil {
+	if strings.HasPrefix(strings.TrimSpace(appliedText), "{") {
+		err = json.Unmarshal([]byte(appliedText), &last)
+	} else {
+		last, err = parseApplied(appliedText)
+	}
+	if err != nil {
 		return nil, err
 	}
 	p := &previous{raw: map[string]resource.Quantity{}, rawTxt: rawStrings, ratios: map[string]*big.Rat{}}

@@ -59,6 +59,19 @@ impl<'a, V> VecMap<'a, V> {
         }
     }
 
+    /// Insert unless an equal key is there; whether it was inserted.
+    pub fn insert_new(&mut self, key: Cow<'a, str>, value: V) -> bool {
+        match self.entries.last() {
+            Some((last, _)) if *last < key => self.entries.push((key, value)),
+            None => self.entries.push((key, value)),
+            Some(_) => match self.find(&key) {
+                Ok(_) => return false,
+                Err(at) => self.entries.insert(at, (key, value)),
+            },
+        }
+        true
+    }
+
     pub fn get(&self, key: &str) -> Option<&V> {
         let at = self.find(key).ok()?;
         self.entries.get(at).map(|(_, value)| value)
@@ -129,7 +142,8 @@ mod tests {
 
     use super::*;
 
-    /// Every order of inserting a few keys, some twice: the same entries as a `BTreeMap`.
+    /// Every order of inserting a few keys, some twice: the same entries as a `BTreeMap` (with
+    /// `insert_new`: the first value of each key, and `false` for the repeats).
     #[test]
     fn inserts_in_any_order_give_the_btree_map_entries() {
         let inserts = [
@@ -148,11 +162,25 @@ mod tests {
                     order.reverse();
                 }
                 let mut ours = StrMap::new();
+                let mut first_only = StrMap::new();
                 let mut btree = BTreeMap::new();
+                let mut btree_first = BTreeMap::new();
                 for (k, v) in &order {
                     ours.insert(Cow::Borrowed(*k), Cow::Borrowed(*v));
+                    let new = !btree_first.contains_key(k);
+                    assert_eq!(
+                        first_only.insert_new(Cow::Borrowed(*k), Cow::Borrowed(*v)),
+                        new,
+                        "{k} in {order:?}"
+                    );
+                    btree_first.entry(*k).or_insert(*v);
                     btree.insert(*k, *v);
                 }
+                let first_entries: Vec<(&str, &str)> = first_only
+                    .iter()
+                    .map(|(k, v)| (k.as_ref(), v.as_ref()))
+                    .collect();
+                assert_eq!(first_entries, btree_first.into_iter().collect::<Vec<_>>());
                 let ours_entries: Vec<(&str, &str)> =
                     ours.iter().map(|(k, v)| (k.as_ref(), v.as_ref())).collect();
                 let btree_entries: Vec<(&str, &str)> = btree.into_iter().collect();

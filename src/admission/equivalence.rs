@@ -1085,8 +1085,8 @@ fn quiet_heartbeats_jump_over_the_object_to_the_stored_conditions() {
     let object_end = text.find("}},\"oldObject\":");
     assert_eq!(
         middle.as_ref().map(|m| (m.start, m.end)),
-        addresses.zip(object_end.map(|at| at + 1)),
-        "from the value after the conditions to the object's closing brace"
+        addresses.zip(object_end.map(|at| at + 2)),
+        "from the value after the conditions to the object's closing brace, included"
     );
     let from = read::unread_from(body, &quiet_rules.needs());
     let old_addresses = text

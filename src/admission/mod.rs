@@ -20,6 +20,7 @@
 //! `oldObject` unless the node rule needs its annotations) is stepped over by `scan` without
 //! being built or visited token by token.
 
+use std::cell::Cell;
 use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -312,10 +313,13 @@ struct StatusOut<'a> {
 const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
 
 /// What the rules read beyond the fields every decision reads, for the reader's early stop
-/// (`read::Needs`).
+/// (`read::Needs`). One per review: the reader asks about the object's labels only, so the
+/// answer is kept.
 struct RuleNeeds<'p> {
     policies: &'p PolicySet,
     quiet_heartbeats: bool,
+    /// `conditions`' answer, once asked (the policy match is the costly part).
+    conditions_needed: Cell<Option<bool>>,
 }
 
 impl read::Needs for RuleNeeds<'_> {
@@ -327,7 +331,15 @@ impl read::Needs for RuleNeeds<'_> {
 
     /// Quiet heartbeats read both nodes' conditions, on nodes a policy selects.
     fn conditions(&self, labels: Option<&StrMap<'_>>) -> bool {
-        self.quiet_heartbeats && matches!(self.policies.for_node(&labels), NodeChoice::Policy(_))
+        if !self.quiet_heartbeats {
+            return false;
+        }
+        if let Some(needed) = self.conditions_needed.get() {
+            return needed;
+        }
+        let needed = matches!(self.policies.for_node(&labels), NodeChoice::Policy(_));
+        self.conditions_needed.set(Some(needed));
+        needed
     }
 }
 
@@ -335,6 +347,7 @@ fn needs<'p>(policies: &'p PolicySet, settings: &Settings) -> RuleNeeds<'p> {
     RuleNeeds {
         policies,
         quiet_heartbeats: !settings.heartbeat_refresh.is_zero(),
+        conditions_needed: Cell::new(None),
     }
 }
 

@@ -97,10 +97,11 @@
 //!   PATCH mostly is just that); otherwise it is read as any other array, and the stored one
 //!   strictly. So a fault in the jumped parts (a raw control character, a field given twice)
 //!   is tolerated only where both arrays carry it in the same bytes, which the API server never
-//!   writes; damage to either array alone makes them differ. Then two spans are
-//!   jumped over, not read: the object's status after its conditions (up to `oldObject`), and
-//!   the stored node before its conditions; reading stops at the value of the stored status's
-//!   member after them. Both spans are tolerated like the unread tail (damage there does not
+//!   writes; damage to either array alone makes them differ. Then two spans are jumped over,
+//!   not read: the object's status after its conditions and the object's closing brace (up
+//!   to `oldObject`: a `}` must come before it, whichever bracket it closes), and the stored
+//!   node before its conditions; reading stops at the value of the stored status's member
+//!   after them. Both spans are tolerated like the unread tail (damage there does not
 //!   change the answer), and a body written any other way than the API server writes it (a
 //!   space before `oldObject`, another order) is read whole.
 //! - **No array form of structs.** serde's derive also accepts a struct written as a JSON array
@@ -141,7 +142,7 @@ pub(super) trait Needs {
     /// (`oldObject`'s) annotations too.
     fn stored_annotations(&self, annotations: Option<&StrMap<'_>>) -> bool;
     /// Whether a node status update of a node with these labels needs its conditions and the
-    /// stored node's.
+    /// stored node's. Always asked with the object's labels, so the same within one review.
     fn conditions(&self, labels: Option<&StrMap<'_>>) -> bool;
 }
 
@@ -652,7 +653,9 @@ fn read_request<'a>(
                         match comma.or_else(|| jump_to_old_object(body, member.value_start, at)) {
                             Some(comma) => {
                                 members.value_read(comma);
-                                jumped.object_rest = Some(at..comma - 1);
+                                // The object's closing brace is not checked either: a `}`
+                                // comes before `,"oldObject":{`, whichever bracket it closes.
+                                jumped.object_rest = Some(at..comma);
                             }
                             // Not as the API server writes it: the object is read whole.
                             None => {

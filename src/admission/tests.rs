@@ -153,7 +153,7 @@ fn kubelet_new_raw_value_is_taken_as_raw() {
     let raw = next["request"]["object"]["metadata"]["annotations"]
         [overcommit_core::node::RAW_ALLOCATABLE_ANNOTATION]
         .as_str();
-    assert_eq!(raw, Some(r#"{"cpu":"7","memory":"31391716Ki"}"#));
+    assert_eq!(raw, Some("cpu=7,memory=31391716Ki"));
 }
 
 #[test]
@@ -229,11 +229,11 @@ fn registration_create_is_inflated_and_annotated() {
     let annotations = &next["request"]["object"]["metadata"]["annotations"];
     assert_eq!(
         annotations["overcommit.dev/raw-allocatable"],
-        r#"{"cpu":"7910m","memory":"31391716Ki"}"#
+        "cpu=7910m,memory=31391716Ki"
     );
     assert_eq!(
         annotations["overcommit.dev/applied"],
-        r#"{"policy":"batch","ratios":{"cpu":"2","memory":"1.5"}}"#
+        "policy=batch;ratios=cpu=2,memory=1.5"
     );
     assert_eq!(
         handle(&to_bytes(&next), &policies(), &settings()).outcome,

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use overcommit_core::node::RAW_ALLOCATABLE_ANNOTATION;
+use overcommit_core::node::{AnnotationError, RAW_ALLOCATABLE_ANNOTATION, raw_allocatable_map};
 use overcommit_core::quantity::{Quantity, QuantityError};
 
 /// One sample: a resource of one node.
@@ -23,8 +23,8 @@ pub struct RawSample {
 /// Why the annotation of a node could not be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RawAllocatableError {
-    #[error("{RAW_ALLOCATABLE_ANNOTATION} is not a JSON map of resource to quantity: {0}")]
-    Json(String),
+    #[error("{0}")]
+    Unreadable(#[from] AnnotationError),
     #[error("{RAW_ALLOCATABLE_ANNOTATION} {resource}: {source}")]
     Quantity {
         resource: String,
@@ -41,8 +41,7 @@ pub fn raw_allocatable(
     let Some(text) = annotations.and_then(|a| a.get(RAW_ALLOCATABLE_ANNOTATION)) else {
         return Ok(Vec::new());
     };
-    let map: BTreeMap<String, String> =
-        serde_json::from_str(text).map_err(|e| RawAllocatableError::Json(e.to_string()))?;
+    let map = raw_allocatable_map(text)?;
     map.into_iter()
         .map(|(resource, quantity)| {
             let parsed =
@@ -152,7 +151,8 @@ mod tests {
         assert_eq!(raw_allocatable(None), Ok(vec![]), "no annotations at all");
         let empty = annotations(Some("{}"));
         assert_eq!(raw_allocatable(Some(&empty)), Ok(vec![]), "empty map");
-        let several = annotations(Some(r#"{"pods":"110","memory":"1Ki","cpu":"8"}"#));
+        assert_eq!(raw_allocatable(Some(&annotations(Some("")))), Ok(vec![]), "empty list");
+        let several = annotations(Some("pods=110,memory=1Ki,cpu=8"));
         let resources: Vec<String> = raw_allocatable(Some(&several))
             .map(|s| s.into_iter().map(|s| s.resource).collect())
             .unwrap_or_default();
@@ -162,24 +162,25 @@ mod tests {
     #[test]
     fn unreadable_annotations_are_errors() {
         let cases: Vec<(&str, &str, &str)> = vec![
-            ("not JSON", "cpu=4", "not a JSON map"),
-            ("a list", r#"["4"]"#, "not a JSON map"),
+            ("not name=value", "cpu", "is not name=value"),
+            ("given twice", "cpu=4,cpu=5", "cpu given twice"),
+            ("a list", r#"["4"]"#, "is not name=value"),
             (
-                "a number instead of a quantity",
+                "JSON: a number instead of a quantity",
                 r#"{"cpu":4}"#,
-                "not a JSON map",
+                "overcommit.dev/raw-allocatable: invalid type",
             ),
             (
                 "not a quantity",
-                r#"{"cpu":"four"}"#,
+                "cpu=four",
                 "overcommit.dev/raw-allocatable cpu:",
             ),
             (
-                "negative",
-                r#"{"memory":"-1Gi"}"#,
-                "memory: \"-1Gi\" is negative",
+                "JSON: not a quantity",
+                r#"{"cpu":"four"}"#,
+                "overcommit.dev/raw-allocatable cpu:",
             ),
-            ("empty", "", "not a JSON map"),
+            ("negative", "memory=-1Gi", "memory: \"-1Gi\" is negative"),
         ];
         for (name, raw, want) in cases {
             let a = annotations(Some(raw));

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use overcommit_core::node::RAW_ALLOCATABLE_ANNOTATION;
+use overcommit_core::node::{AnnotationError, RAW_ALLOCATABLE_ANNOTATION, raw_allocatable_map};
 use overcommit_core::quantity::{Quantity, QuantityError};
 
 use super::NodeFacts;
@@ -45,8 +45,11 @@ impl Default for PlacementState {
 /// open).
 #[derive(Debug, thiserror::Error)]
 pub enum NodeReadError {
-    #[error("node {node}: {RAW_ALLOCATABLE_ANNOTATION} is not a JSON map of resource to quantity")]
-    Annotation { node: String },
+    #[error("node {node}: {source}")]
+    Annotation {
+        node: String,
+        source: AnnotationError,
+    },
     #[error("node {node} {resource}: {source}")]
     Quantity {
         node: String,
@@ -74,8 +77,10 @@ pub fn node_facts(node: &Node) -> Result<NodeFacts, NodeReadError> {
         .as_ref()
         .and_then(|a| a.get(RAW_ALLOCATABLE_ANNOTATION))
     {
-        let raw: BTreeMap<String, String> = serde_json::from_str(text)
-            .map_err(|_| NodeReadError::Annotation { node: name.clone() })?;
+        let raw = raw_allocatable_map(text).map_err(|source| NodeReadError::Annotation {
+            node: name.clone(),
+            source,
+        })?;
         texts.extend(raw);
     }
     let mut raw = BTreeMap::new();

@@ -475,18 +475,25 @@ fn node_facts_read_raw_allocatable() {
             "status": {"allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"}}});
         serde_json::from_value(object).unwrap_or_else(|e| panic!("{e}"))
     };
-    let inflated = node(json!({"overcommit.dev/raw-allocatable": "{\"cpu\":\"3900m\"}"}));
+    // The listed format, and the JSON one of earlier versions.
+    for raw in ["cpu=3900m", "{\"cpu\":\"3900m\"}"] {
+        let inflated = node(json!({ "overcommit.dev/raw-allocatable": raw }));
+        let facts = node_facts(&inflated).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            facts.raw,
+            units(&[("cpu", 3900), ("memory", 16 << 30), ("pods", 110)])
+        );
+    }
+    let inflated = node(json!({"overcommit.dev/raw-allocatable": "cpu=3900m"}));
     let facts = node_facts(&inflated).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        facts.raw,
-        units(&[("cpu", 3900), ("memory", 16 << 30), ("pods", 110)])
-    );
     assert_eq!(facts.labels.get("pool").map(String::as_str), Some("a"));
     let plain = node_facts(&node(json!({}))).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(plain.raw.get("cpu"), Some(&8000));
     for bad in [
-        json!({"overcommit.dev/raw-allocatable": "not json"}),
+        json!({"overcommit.dev/raw-allocatable": "not name=value"}),
+        json!({"overcommit.dev/raw-allocatable": "cpu=x"}),
         json!({"overcommit.dev/raw-allocatable": "{\"cpu\":\"x\"}"}),
+        json!({"overcommit.dev/raw-allocatable": "{\"cpu\":"}),
     ] {
         assert!(node_facts(&node(bad)).is_err());
     }

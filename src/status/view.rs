@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use overcommit_core::node::RAW_ALLOCATABLE_ANNOTATION;
+use overcommit_core::node::{RAW_ALLOCATABLE_ANNOTATION, raw_allocatable_map};
 use overcommit_core::policy::{NodeChoice, PolicySet};
 use overcommit_core::quantity::Quantity;
 use serde::Serialize;
@@ -76,8 +76,8 @@ fn row(node: &NodeFacts, policies: &PolicySet) -> Row {
     let raw_record: BTreeMap<String, String> =
         match node.annotations.get(RAW_ALLOCATABLE_ANNOTATION) {
             None => BTreeMap::new(),
-            Some(text) => serde_json::from_str(text).unwrap_or_else(|e| {
-                problems.push(format!("{RAW_ALLOCATABLE_ANNOTATION} is not readable: {e}"));
+            Some(text) => raw_allocatable_map(text).unwrap_or_else(|e| {
+                problems.push(format!("not readable: {e}"));
                 BTreeMap::new()
             }),
         };

@@ -484,16 +484,20 @@ func checkSecretQuota(t *testing.T, ctx context.Context, cfg *rest.Config, ns st
 
 // inflated: allocatable cpu is twice the raw value in the annotation ({"cpu":"4",...}).
 func inflated(n *corev1.Node, raw string) bool {
-	i := strings.Index(raw, `"cpu":"`)
-	if i < 0 {
+	// The listed format (cpu=4,memory=16Gi), or the JSON one of earlier versions.
+	cpu := ""
+	for _, entry := range strings.Split(raw, ",") {
+		if v, ok := strings.CutPrefix(entry, "cpu="); ok {
+			cpu = v
+		}
+	}
+	if i := strings.Index(raw, `"cpu":"`); i >= 0 {
+		cpu, _, _ = strings.Cut(raw[i+len(`"cpu":"`):], `"`)
+	}
+	if cpu == "" {
 		return false
 	}
-	rest := raw[i+len(`"cpu":"`):]
-	j := strings.Index(rest, `"`)
-	if j < 0 {
-		return false
-	}
-	q, err := resource.ParseQuantity(rest[:j])
+	q, err := resource.ParseQuantity(cpu)
 	if err != nil {
 		return false
 	}

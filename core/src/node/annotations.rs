@@ -1,16 +1,25 @@
 //! The codec of the node annotations the rule keeps its memory in. Pure.
 //!
-//! - `overcommit.dev/raw-allocatable`: a JSON map, resource -> the kubelet's allocatable, for
-//!   each resource this webhook inflated (`{"cpu":"4","memory":"16Gi"}`).
-//! - `overcommit.dev/applied`: JSON `{"policy": name, "ratios": {resource: ratio}}`, the
-//!   policy and ratios it applied, written in that member order. Under a usage policy
-//!   (`spec.usage`), a third member `"usage": {resource: allocatable}` holds the value written
-//!   for each resource the usage rule set (not a fallback): a fixed ratio cannot recompute it.
-//!   Static policies never write it, so their annotations are as before.
+//! Written in the listed format, which CEL (the in-process MutatingAdmissionPolicy) reads
+//! with `split`:
+//! - `overcommit.dev/raw-allocatable`: `resource=quantity` pairs joined by `,`, for each
+//!   resource this webhook inflated, in resource order (`cpu=4,memory=16Gi`; empty: none).
+//! - `overcommit.dev/applied`: `policy=NAME;ratios=PAIRS`, the policy and the ratios it applied
+//!   (`policy=batch;ratios=cpu=2,memory=1.5`). Under a usage policy (`spec.usage`), a third
+//!   section `;usage=PAIRS` holds the value written for each resource the usage rule set (not a
+//!   fallback): a fixed ratio cannot recompute it. Static policies never write it.
 //!
-//! Read back with `overcommit_json::plain` where they are written as this webhook writes them,
-//! with serde_json otherwise (same values, same errors). Written by serde_json, and compared
-//! with what a node carries as they are written, so that the usual review builds no string.
+//! `,`, `=` and `;` never appear in what the API server and the policy validation accept as
+//! policy names, resource names, quantities and ratios; a name or value holding one (or
+//! nothing, or a space) is written in the JSON format instead.
+//!
+//! The JSON format is what earlier versions wrote (`{"cpu":"4","memory":"16Gi"}` and
+//! `{"policy":"batch","ratios":{"cpu":"2"},"usage":{...}}`): a text starting with `{` is read
+//! as JSON, so a node written by an earlier version is read as it was meant, and rewritten in
+//! the listed format at its next write (its allocatable unchanged: the rule's tables check it).
+//! JSON is read with `overcommit_json::plain` where written as earlier versions wrote it, with
+//! serde_json otherwise. Both formats are compared with what a node carries as they would be
+//! written, so that the usual review builds no string.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -21,9 +30,9 @@ use serde::{Deserialize, Serialize};
 use crate::policy::CompiledPolicy;
 use crate::quantity::{Quantity, Ratio};
 
-/// Node annotation: the kubelet's allocatable for each inflated resource (JSON map).
+/// Node annotation: the kubelet's allocatable for each inflated resource (`cpu=4,memory=16Gi`).
 pub const RAW_ALLOCATABLE_ANNOTATION: &str = "overcommit.dev/raw-allocatable";
-/// Node annotation: what was applied (JSON `{"policy": name, "ratios": {resource: ratio}}`).
+/// Node annotation: what was applied (`policy=batch;ratios=cpu=2,memory=1.5`).
 pub const APPLIED_ANNOTATION: &str = "overcommit.dev/applied";
 /// Both, in the order they are written.
 pub(super) const KEYS: [&str; 2] = [RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION];
@@ -38,6 +47,11 @@ pub enum AnnotationError {
     },
     #[error("{annotation}: {reason}")]
     Json {
+        annotation: &'static str,
+        reason: String,
+    },
+    #[error("{annotation}: {reason}")]
+    Listed {
         annotation: &'static str,
         reason: String,
     },
@@ -101,6 +115,29 @@ struct AppliedIn<'a> {
 #[serde(transparent)]
 struct RawIn<'a>(#[serde(borrow, deserialize_with = "borrowed::str_map")] StrMap<'a>);
 
+/// The `overcommit.dev/raw-allocatable` annotation as a map, resource -> the kubelet's
+/// quantity as written, in either format (for readers outside the rule: metrics, `status`,
+/// the placement cap). The quantities are not parsed here.
+pub fn raw_allocatable_map(text: &str) -> Result<BTreeMap<String, String>, AnnotationError> {
+    let map = if is_json(text) {
+        serde_json::from_str::<RawIn<'_>>(text)
+            .map_err(|e| AnnotationError::Json {
+                annotation: RAW_ALLOCATABLE_ANNOTATION,
+                reason: e.to_string(),
+            })?
+            .0
+    } else {
+        listed_map(text).map_err(|reason| AnnotationError::Listed {
+            annotation: RAW_ALLOCATABLE_ANNOTATION,
+            reason,
+        })?
+    };
+    Ok(map
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
 /// Read both annotations back. Both must be there and readable, or neither counts.
 pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, AnnotationError> {
     let missing = |present, missing| AnnotationError::Missing { present, missing };
@@ -116,15 +153,22 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
     let applied_text = annotations
         .get(APPLIED_ANNOTATION)
         .ok_or_else(|| missing(RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION))?;
-    let raw_map = match plain::whole_map(raw_text) {
-        Some(map) => map,
-        None => {
-            serde_json::from_str::<RawIn<'_>>(raw_text)
-                .map_err(json(RAW_ALLOCATABLE_ANNOTATION))?
-                .0
+    let listed = |annotation| move |reason: String| AnnotationError::Listed { annotation, reason };
+    let raw_map = if is_json(raw_text) {
+        match plain::whole_map(raw_text) {
+            Some(map) => map,
+            None => {
+                serde_json::from_str::<RawIn<'_>>(raw_text)
+                    .map_err(json(RAW_ALLOCATABLE_ANNOTATION))?
+                    .0
+            }
         }
+    } else {
+        listed_map(raw_text).map_err(listed(RAW_ALLOCATABLE_ANNOTATION))?
     };
-    let (applied_ratios, applied_usage) =
+    let (applied_ratios, applied_usage) = if !is_json(applied_text) {
+        listed_applied(applied_text).map_err(listed(APPLIED_ANNOTATION))?
+    } else {
         match plain::string_then_map(applied_text, "policy", "ratios") {
             Some((_policy, ratios)) => (ratios, StrMap::default()),
             None => {
@@ -132,7 +176,8 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
                     .map_err(json(APPLIED_ANNOTATION))?;
                 (applied.ratios, applied.usage)
             }
-        };
+        }
+    };
     let value = |annotation, resource: &str, reason: String| AnnotationError::Value {
         annotation,
         resource: resource.to_string(),
@@ -160,6 +205,115 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
     Ok(Recorded { raw, ratios, usage })
 }
 
+/// Whether an annotation's text is the JSON this webhook wrote before the listed format (an
+/// object: the listed format never starts with `{`).
+fn is_json(text: &str) -> bool {
+    text.trim_start().starts_with('{')
+}
+
+/// The bytes the listed format gives a meaning: a name or value holding one (or a control
+/// character, or empty) is written as JSON instead. Names (policies, resources) and values
+/// (quantities, ratios) as the API server and the policy validation accept them never do.
+fn is_listable(text: &str) -> bool {
+    !text.is_empty() && !text.starts_with('{') && text.bytes().all(is_listed_byte)
+}
+
+/// A byte a listed name or value may hold: not a separator, a space or a control character.
+fn is_listed_byte(byte: u8) -> bool {
+    byte > b' ' && !matches!(byte, b',' | b'=' | b';')
+}
+
+/// `name=value,name=value,...` (empty: none), borrowed; a name given twice is refused. One
+/// pass over the bytes (this runs on every node review: `str::split` cost ~500 instructions
+/// per entry).
+fn listed_map(text: &str) -> Result<StrMap<'_>, String> {
+    let mut map = StrMap::with_capacity(4);
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    while start < bytes.len() {
+        let (name, value, end) = listed_entry(text, start).ok_or_else(|| {
+            let rest = bytes.get(start..).unwrap_or_default();
+            let end = rest
+                .iter()
+                .position(|&b| b == b',')
+                .map_or(text.len(), |n| start + n);
+            format!(
+                "{:?} is not name=value",
+                text.get(start..end).unwrap_or(text)
+            )
+        })?;
+        if !map.insert_new(Cow::Borrowed(name), Cow::Borrowed(value)) {
+            return Err(format!("{name} given twice"));
+        }
+        start = match bytes.get(end) {
+            // A trailing comma leaves an empty entry.
+            Some(_) if end + 1 == bytes.len() => return Err("\"\" is not name=value".into()),
+            Some(_) => end + 1,
+            None => end,
+        };
+    }
+    Ok(map)
+}
+
+/// The entry `name=value` from `start` of `text`: name, value and the index of the `,` after
+/// it (or the end). `None` where it is not one.
+fn listed_entry(text: &str, start: usize) -> Option<(&str, &str, usize)> {
+    let bytes = text.as_bytes();
+    let name_len = bytes
+        .get(start..)?
+        .iter()
+        .position(|&b| !is_listed_byte(b))?;
+    let equals = start + name_len;
+    if name_len == 0 || bytes.get(equals) != Some(&b'=') {
+        return None;
+    }
+    let value_start = equals + 1;
+    let rest = bytes.get(value_start..)?;
+    let value_len = rest
+        .iter()
+        .position(|&b| !is_listed_byte(b))
+        .unwrap_or(rest.len());
+    let end = value_start + value_len;
+    if value_len == 0 || !matches!(bytes.get(end), None | Some(b',')) {
+        return None;
+    }
+    let (name, value) = (text.get(start..equals)?, text.get(value_start..end)?);
+    (!name.starts_with('{') && !value.starts_with('{')).then_some((name, value, end))
+}
+
+/// `policy=NAME;ratios=LIST[;usage=LIST]`: the ratios and the usage values (empty when absent).
+fn listed_applied(text: &str) -> Result<(StrMap<'_>, StrMap<'_>), String> {
+    let mut rest = Some(text);
+    let mut section = |name: &str| -> Result<Option<&str>, String> {
+        let Some(current) = rest else {
+            return Ok(None);
+        };
+        let (section, after) = match current.bytes().position(|b| b == b';') {
+            Some(at) => (current.get(..at).unwrap_or(current), current.get(at + 1..)),
+            None => (current, None),
+        };
+        rest = after;
+        match section.strip_prefix(name).and_then(|s| s.strip_prefix('=')) {
+            Some(value) => Ok(Some(value)),
+            None => Err(format!("{section:?} where {name}= belongs")),
+        }
+    };
+    let policy = section("policy")?.ok_or("no policy=")?;
+    if !is_listable(policy) {
+        return Err(format!("policy {policy:?} is not a name"));
+    }
+    let ratios = listed_map(section("ratios")?.ok_or("no ratios=")?)?;
+    let usage = match section("usage")? {
+        Some(usage) => listed_map(usage)?,
+        None => StrMap::default(),
+    };
+    if let Some(extra) = rest {
+        let extra = extra.split(';').next().unwrap_or(extra);
+        return Err(format!("{extra:?} after the last section"));
+    }
+    Ok((ratios, usage))
+}
+
 /// What the annotations should say: under this policy, with these raw values recorded
 /// (resource -> raw text, in the allocatable map's order: sorted and unique).
 #[derive(Clone, Copy)]
@@ -172,44 +326,81 @@ pub(super) struct Desired<'d> {
 
 impl Desired<'_> {
     /// Whether annotation `key` (one of `KEYS`) already says exactly this (compared as it is
-    /// written: nothing is built).
+    /// written: nothing is built but the usage rule's values).
     pub(super) fn is_written(&self, key: &str, current: &str) -> bool {
-        match self.is_written_plain(key, current) {
-            Some(same) => same,
-            None => writes_exactly(current, |out| self.write(key, out)),
+        if !self.is_listable(key) {
+            return writes_exactly(current, |out| self.write_json(key, out));
         }
-    }
-
-    /// `is_written` without serde_json where what would be written needs no escape and holds
-    /// no usage member (the usual review: serde_json's writer costs ~1,300 instructions per
-    /// annotation here); `None` otherwise.
-    fn is_written_plain(&self, key: &str, current: &str) -> Option<bool> {
         let mut expect = Expected(current.as_bytes());
-        let same = if key == RAW_ALLOCATABLE_ANNOTATION {
-            expect.map(self.raw_record.iter().map(|(k, v)| (*k, *v)))?
-        } else {
-            if !self.usage_written.is_empty() {
-                return None;
-            }
-            let ratios = self.policy.ratios.iter();
-            expect.literal("{\"policy\":")
-                && expect.string(&self.policy.name)?
-                && expect.literal(",\"ratios\":")
-                && expect.map(ratios.map(|(k, (text, _))| (k.as_str(), text.as_str())))?
-                && expect.literal("}")
-        };
-        Some(same && expect.0.is_empty())
+        self.listed(key, |piece| expect.literal(piece)) && expect.0.is_empty()
     }
 
-    /// The JSON of annotation `key` (one of `KEYS`).
+    /// The text of annotation `key` (one of `KEYS`).
     pub(super) fn value(&self, key: &str) -> Result<String, serde_json::Error> {
+        if self.is_listable(key) {
+            let mut out = String::with_capacity(96);
+            self.listed(key, |piece| {
+                out.push_str(piece);
+                true
+            });
+            return Ok(out);
+        }
         let mut out = Vec::with_capacity(128);
-        self.write(key, &mut out)?;
+        self.write_json(key, &mut out)?;
         // serde_json writes UTF-8.
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
-    fn write<W: std::io::Write>(&self, key: &str, out: W) -> Result<(), serde_json::Error> {
+    /// Whether every name and value annotation `key` holds can be written in the listed format
+    /// (always, for what the API server and the policy validation accept).
+    fn is_listable(&self, key: &str) -> bool {
+        let pair = |(name, value): (&str, &str)| is_listable(name) && is_listable(value);
+        if key == RAW_ALLOCATABLE_ANNOTATION {
+            return self.raw_record.iter().copied().all(pair);
+        }
+        is_listable(&self.policy.name)
+            && self
+                .policy
+                .ratios
+                .iter()
+                .map(|(r, (t, _))| (r.as_str(), t.as_str()))
+                .all(pair)
+            && self
+                .usage_written
+                .iter()
+                .all(|(resource, value)| is_listable(resource) && is_listable(&value.to_string()))
+    }
+
+    /// Annotation `key` in the listed format, piece by piece to `piece` (which says whether to
+    /// go on): `cpu=4,memory=16Gi` and `policy=batch;ratios=cpu=2,memory=1.5`, with
+    /// `;usage=cpu=6` where the usage rule wrote a value. Whether every piece was taken.
+    fn listed(&self, key: &str, mut piece: impl FnMut(&str) -> bool) -> bool {
+        if key == RAW_ALLOCATABLE_ANNOTATION {
+            return list(self.raw_record.iter().copied(), &mut piece);
+        }
+        let ratios = self
+            .policy
+            .ratios
+            .iter()
+            .map(|(r, (t, _))| (r.as_str(), t.as_str()));
+        let static_part = piece("policy=")
+            && piece(&self.policy.name)
+            && piece(";ratios=")
+            && list(ratios, &mut piece);
+        if !static_part || self.usage_written.is_empty() {
+            return static_part;
+        }
+        let texts: Vec<(&str, String)> = self
+            .usage_written
+            .iter()
+            .map(|(resource, value)| (*resource, value.to_string()))
+            .collect();
+        piece(";usage=") && list(texts.iter().map(|(r, t)| (*r, t.as_str())), &mut piece)
+    }
+
+    /// The JSON this webhook wrote before the listed format, for names or values the listed
+    /// format cannot hold.
+    fn write_json<W: std::io::Write>(&self, key: &str, out: W) -> Result<(), serde_json::Error> {
         if key == RAW_ALLOCATABLE_ANNOTATION {
             serde_json::to_writer(out, &RawOut(self.raw_record))
         } else {
@@ -221,6 +412,17 @@ impl Desired<'_> {
             serde_json::to_writer(out, &applied)
         }
     }
+}
+
+/// `name=value` pairs joined by `,`, piece by piece to `piece`; whether every piece was taken.
+fn list<'p>(
+    pairs: impl Iterator<Item = (&'p str, &'p str)>,
+    piece: &mut impl FnMut(&str) -> bool,
+) -> bool {
+    let mut pairs = pairs.enumerate();
+    pairs.all(|(n, (name, value))| {
+        (n == 0 || piece(",")) && piece(name) && piece("=") && piece(value)
+    })
 }
 
 /// JSON of the `overcommit.dev/applied` annotation, as written: keys in this order.
@@ -270,9 +472,8 @@ impl Serialize for RawOut<'_> {
     }
 }
 
-/// What an annotation should say, compared piece by piece as serde_json would write it: each
-/// method says whether its piece came next (and consumes it); `string` and `map` give `None`
-/// for text serde_json would escape (`"`, `\\`, control characters).
+/// What an annotation should say, compared piece by piece as it would be written: `literal`
+/// says whether its piece came next (and consumes it).
 struct Expected<'e>(&'e [u8]);
 
 impl Expected<'_> {
@@ -284,29 +485,6 @@ impl Expected<'_> {
             }
             None => false,
         }
-    }
-
-    fn string(&mut self, text: &str) -> Option<bool> {
-        if text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
-            return None;
-        }
-        Some(self.literal("\"") && self.literal(text) && self.literal("\""))
-    }
-
-    fn map<'m>(&mut self, entries: impl Iterator<Item = (&'m str, &'m str)>) -> Option<bool> {
-        if !self.literal("{") {
-            return Some(false);
-        }
-        for (n, (key, value)) in entries.enumerate() {
-            let same = (n == 0 || self.literal(","))
-                && self.string(key)?
-                && self.literal(":")
-                && self.string(value)?;
-            if !same {
-                return Some(false);
-            }
-        }
-        Some(self.literal("}"))
     }
 }
 
@@ -346,34 +524,39 @@ impl std::io::Write for SameBytes<'_> {
 mod tests {
     use super::*;
 
-    /// The comparison without serde_json answers as comparing with serde_json's writing does,
-    /// for names, resources and values with and without characters serde_json escapes, and for
-    /// current texts that differ anywhere.
-    #[test]
-    fn plain_comparison_answers_as_serde_json_writing() {
-        let policy = |name: &str, ratios: &[(&str, &str)]| CompiledPolicy {
+    fn policy(name: &str, ratios: &[(&str, &str)]) -> CompiledPolicy {
+        CompiledPolicy {
             name: name.to_string(),
             priority: 0,
             selector: Default::default(),
             ratios: ratios
                 .iter()
-                .map(|(r, t)| (r.to_string(), (t.to_string(), Ratio::parse("1").unwrap())))
+                .map(|(r, t)| (r.to_string(), (t.to_string(), Ratio::parse("2").unwrap())))
                 .collect(),
             pod_defaults: None,
             usage: None,
             cap: None,
-        };
+        }
+    }
+
+    /// Comparing piece by piece answers as comparing with the text written does, for names,
+    /// resources and values the listed format holds and ones it leaves to JSON, and for current
+    /// texts that differ anywhere; and what is written reads back as what was meant.
+    #[test]
+    fn comparison_answers_as_the_written_text_and_reads_back() {
         let policies = [
             policy("batch", &[("cpu", "2"), ("memory", "1.5")]),
             policy("b\"q", &[("cpu", "2")]),
             policy("nl\n", &[]),
             policy("x", &[("a\\b", "2"), ("cpu", "3")]),
+            policy("semi;colon", &[("cpu", "2")]),
         ];
-        let raws: [&[(&str, &str)]; 4] = [
+        let raws: [&[(&str, &str)]; 5] = [
             &[("cpu", "4"), ("memory", "16Gi")],
             &[],
             &[("cpu", "4\"")],
             &[("example.com/gpu", "2"), ("pods", "110")],
+            &[("a=b", "1"), ("c", "2,3")],
         ];
         let usage = [("cpu", Quantity::parse("8").unwrap())];
         for policy in &policies {
@@ -384,8 +567,11 @@ mod tests {
                         raw_record,
                         usage_written,
                     };
+                    let mut annotations = StrMap::new();
                     for key in KEYS {
                         let written = desired.value(key).unwrap();
+                        let listed = desired.is_listable(key);
+                        assert_eq!(!is_json(&written), listed, "{key}: {written}");
                         let mut currents = vec![written.clone(), String::new(), "{}".into()];
                         // Every shorter, longer and one-byte-different text.
                         for cut in 0..written.len() {
@@ -396,26 +582,129 @@ mod tests {
                         }
                         currents.push(format!("{written} "));
                         for current in &currents {
-                            let by_serde = writes_exactly(current, |out| desired.write(key, out));
                             assert_eq!(
                                 desired.is_written(key, current),
-                                by_serde,
+                                *current == written,
                                 "{key}: {current:?} vs {written:?}"
                             );
-                            if let Some(plain) = desired.is_written_plain(key, current) {
-                                assert_eq!(plain, by_serde, "{key}: {current:?}");
-                            }
                         }
-                        assert!(desired.is_written(key, &written), "{key}: {written}");
-                        // The usual annotations are compared without serde_json.
-                        let plain = policy.name == "batch"
-                            && raw_record.first() == Some(&("cpu", "4"))
-                            && usage_written.is_empty();
-                        if plain {
-                            assert_eq!(desired.is_written_plain(key, &written), Some(true));
-                        }
+                        annotations.insert(Cow::Owned(key.to_string()), Cow::Owned(written));
                     }
+                    if raw_record.iter().any(|(_, v)| Quantity::parse(v).is_err()) {
+                        continue; // written and compared, but not a quantity to read back
+                    }
+                    let recorded = read(&annotations).unwrap_or_else(|e| panic!("{e}"));
+                    for (resource, text) in raw_record {
+                        let Some(((raw_text, _), _)) = recorded.get(resource) else {
+                            panic!("{resource} not recorded");
+                        };
+                        assert_eq!(raw_text, text);
+                    }
+                    for (resource, (text, _)) in &policy.ratios {
+                        let ratio = recorded.ratios.get(resource.as_str());
+                        assert_eq!(ratio, Ratio::parse(text).ok().as_ref(), "{resource}");
+                    }
+                    assert_eq!(recorded.usage.len(), usage_written.len());
                 }
+            }
+        }
+    }
+
+    /// The listed format as the in-process policy's CEL reads it, and what is refused.
+    #[test]
+    fn listed_annotations_read_back_or_are_refused() {
+        let read_pair = |raw: &str, applied: &str| {
+            let mut annotations = StrMap::new();
+            annotations.insert(
+                Cow::Borrowed(RAW_ALLOCATABLE_ANNOTATION),
+                Cow::Borrowed(raw),
+            );
+            annotations.insert(Cow::Borrowed(APPLIED_ANNOTATION), Cow::Borrowed(applied));
+            read(&annotations)
+                .map(|r| {
+                    let raw: Vec<String> =
+                        r.raw.iter().map(|(k, (t, _))| format!("{k}={t}")).collect();
+                    let usage: Vec<String> =
+                        r.usage.iter().map(|(k, q)| format!("{k}={q}")).collect();
+                    (raw.join(","), r.ratios.len(), usage.join(","))
+                })
+                .map_err(|e| e.to_string())
+        };
+        let ok = |raw: &str, ratios, usage: &str| Ok((raw.to_string(), ratios, usage.to_string()));
+        type Read = Result<(String, usize, String), String>;
+        let cases: &[(&str, &str, Read)] = &[
+            (
+                "cpu=4,memory=16Gi",
+                "policy=batch;ratios=cpu=2,memory=1.5",
+                ok("cpu=4,memory=16Gi", 2, ""),
+            ),
+            (
+                "example.com/gpu=2",
+                "policy=gpu;ratios=example.com/gpu=2",
+                ok("example.com/gpu=2", 1, ""),
+            ),
+            ("", "policy=none;ratios=", ok("", 0, "")),
+            // Written by hand out of order: read in resource order.
+            (
+                "memory=16Gi,cpu=4",
+                "policy=b;ratios=memory=1.5,cpu=2",
+                ok("cpu=4,memory=16Gi", 2, ""),
+            ),
+            (
+                "cpu=4",
+                "policy=u;ratios=cpu=2;usage=cpu=6",
+                ok("cpu=4", 1, "cpu=6"),
+            ),
+            // The JSON written before the listed format still reads.
+            (
+                r#"{"cpu":"4"}"#,
+                r#"{"policy":"batch","ratios":{"cpu":"2"}}"#,
+                ok("cpu=4", 1, ""),
+            ),
+            (
+                "cpu=4",
+                r#"{"policy":"batch","ratios":{"cpu":"2"}}"#,
+                ok("cpu=4", 1, ""),
+            ),
+        ];
+        for (raw, applied, expected) in cases {
+            assert_eq!(&read_pair(raw, applied), expected, "{raw} / {applied}");
+        }
+        // The usual applied annotation, where the raw one is the case.
+        const A: &str = "policy=a;ratios=cpu=2";
+        let refused: &[(&str, &str, &str)] = &[
+            ("cpu=4,cpu=5", A, "cpu given twice"),
+            ("cpu", A, "is not name=value"),
+            ("cpu=", A, "is not name=value"),
+            ("cpu=4,", A, "is not name=value"),
+            ("cpu= 4", A, "is not name=value"),
+            (",cpu=4", A, "is not name=value"),
+            ("cpu=4,,memory=1", A, "is not name=value"),
+            ("cpu=4=5", A, "is not name=value"),
+            ("cpu={4}", A, "is not name=value"),
+            ("=4", A, "is not name=value"),
+            ("memory=1,cpu=4,memory=2", A, "memory given twice"),
+            ("cpu=4", "policy=a;ratios=cpu=2,", "is not name=value"),
+            ("cpu=4", "policy=a;ratios=cpu=2;", "where usage= belongs"),
+            ("cpu=four", A, "overcommit.dev/raw-allocatable cpu"),
+            ("cpu=4", "ratios=cpu=2;policy=a", "where policy= belongs"),
+            ("cpu=4", "policy=a", "no ratios="),
+            ("cpu=4", "policy=;ratios=cpu=2", "is not a name"),
+            (
+                "cpu=4",
+                "policy=a;ratios=cpu=2;usage=cpu=6;x=1",
+                "after the last section",
+            ),
+            (
+                "cpu=4",
+                "policy=a;ratios=cpu=two",
+                "overcommit.dev/applied cpu",
+            ),
+        ];
+        for (raw, applied, reason) in refused {
+            match read_pair(raw, applied) {
+                Err(e) => assert!(e.contains(reason), "{raw} / {applied}: {e}"),
+                Ok(read) => panic!("{raw} / {applied} read as {read:?}"),
             }
         }
     }

@@ -2,10 +2,11 @@
 //!
 //! On every `CREATE nodes` and `UPDATE nodes/status`:
 //!
-//! 1. **Raw value.** The annotation `overcommit.dev/raw-allocatable` (a JSON map) holds the
-//!    kubelet's own value of each resource this webhook inflated, and `overcommit.dev/applied`
-//!    (JSON `{"policy", "ratios"}`, plus `"usage"`: the values the usage rule wrote) what it
-//!    applied. From the two the webhook recomputes what it last wrote. Per resource: if the incoming allocatable equals (by value) what it last wrote,
+//! 1. **Raw value.** The annotation `overcommit.dev/raw-allocatable` (`cpu=4,memory=16Gi`)
+//!    holds the kubelet's own value of each resource this webhook inflated, and
+//!    `overcommit.dev/applied` (`policy=batch;ratios=cpu=2`, plus `;usage=...`: the values the
+//!    usage rule wrote) what it applied (`annotations`: the format, and the JSON one of
+//!    earlier versions, still read). From the two the webhook recomputes what it last wrote. Per resource: if the incoming allocatable equals (by value) what it last wrote,
 //!    the raw value comes from the annotation (a status write by someone else, a retry, a
 //!    reinvocation); otherwise the incoming value is the kubelet's new raw value.
 //! 2. **Policy.** The highest-priority policy whose selector matches the node's labels gives
@@ -51,7 +52,8 @@ use crate::policy::{NodeChoice, PolicySet};
 use crate::quantity::{Format, MAX_UNITS, Quantity, QuantityError, Ratio};
 
 pub use self::annotations::{
-    APPLIED_ANNOTATION, AnnotationError, RAW_ALLOCATABLE_ANNOTATION, carries_overcommit_annotations,
+    APPLIED_ANNOTATION, AnnotationError, RAW_ALLOCATABLE_ANNOTATION,
+    carries_overcommit_annotations, raw_allocatable_map,
 };
 
 /// The parts of a Node the rule reads.

@@ -46,8 +46,7 @@ spec:
   nodeRatios: {cpu: "2"}
 "#;
 
-const APPLIED_BATCH: &str =
-    r#"{"policy":"batch","ratios":{"cpu":"2","example.com/gpu":"2","memory":"1.5","pods":"1"}}"#;
+const APPLIED_BATCH: &str = "policy=batch;ratios=cpu=2,example.com/gpu=2,memory=1.5,pods=1";
 
 fn policies(yaml: &str) -> PolicySet {
     match parse_policy_file(yaml).and_then(PolicySet::new) {
@@ -72,8 +71,17 @@ fn batch_allocatable() -> Value {
 
 fn batch_annotations() -> Value {
     json!({
-        RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m","example.com/gpu":"4","memory":"15242204Ki"}"#,
+        RAW_ALLOCATABLE_ANNOTATION: "cpu=3920m,example.com/gpu=4,memory=15242204Ki",
         APPLIED_ANNOTATION: APPLIED_BATCH,
+    })
+}
+
+/// `batch_annotations()` as the webhook wrote them before the listed format (JSON): read
+/// still, and rewritten listed at the node's next write.
+fn batch_annotations_json() -> Value {
+    json!({
+        RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m","example.com/gpu":"4","memory":"15242204Ki"}"#,
+        APPLIED_ANNOTATION: r#"{"policy":"batch","ratios":{"cpu":"2","example.com/gpu":"2","memory":"1.5","pods":"1"}}"#,
     })
 }
 
@@ -236,8 +244,8 @@ fn cases() -> Vec<Case> {
             outcome: NodeOutcome::Policy("everything".into()),
             allocatable: with(raw_allocatable(), "/cpu", json!("4900m")),
             annotations: Some(json!({
-                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m"}"#,
-                APPLIED_ANNOTATION: r#"{"policy":"everything","ratios":{"cpu":"1.25"}}"#,
+                RAW_ALLOCATABLE_ANNOTATION: "cpu=3920m",
+                APPLIED_ANNOTATION: "policy=everything;ratios=cpu=1.25",
             })),
         },
         Case {
@@ -287,7 +295,7 @@ fn cases() -> Vec<Case> {
             outcome: policy(),
             allocatable: with(batch_allocatable(), "/cpu", json!("6")),
             annotations: Some(json!({
-                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3","example.com/gpu":"4","memory":"15242204Ki"}"#,
+                RAW_ALLOCATABLE_ANNOTATION: "cpu=3,example.com/gpu=4,memory=15242204Ki",
                 APPLIED_ANNOTATION: APPLIED_BATCH,
             })),
         },
@@ -336,6 +344,62 @@ fn cases() -> Vec<Case> {
             annotations: None,
         },
         Case {
+            name: "JSON annotations: the kubelet's write is inflated and recorded listed",
+            policies: BATCH_POLICIES,
+            node: node(batch(), Some(batch_annotations_json()), raw_allocatable()),
+            stored: None,
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "JSON annotations: another writer's write is not compounded, recorded listed",
+            policies: BATCH_POLICIES,
+            node: node(batch(), Some(batch_annotations_json()), batch_allocatable()),
+            stored: None,
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "JSON annotations: a writer without annotations, the stored JSON ones count",
+            policies: BATCH_POLICIES,
+            node: node(batch(), None, batch_allocatable()),
+            stored: Some(node(
+                batch(),
+                Some(batch_annotations_json()),
+                batch_allocatable(),
+            )),
+            outcome: policy(),
+            allocatable: batch_allocatable(),
+            annotations: Some(batch_annotations()),
+        },
+        Case {
+            name: "JSON annotations: opt-out restores raw",
+            policies: BATCH_POLICIES,
+            node: node(
+                json!({"pool": "batch", "overcommit.dev/disabled": "true"}),
+                Some(batch_annotations_json()),
+                batch_allocatable(),
+            ),
+            stored: None,
+            outcome: NodeOutcome::OptedOut,
+            allocatable: raw_allocatable(),
+            annotations: None,
+        },
+        Case {
+            name: "JSON annotations: a ratio change is applied from raw, recorded listed",
+            policies: BATCH_RATIO_3,
+            node: node(batch(), Some(batch_annotations_json()), batch_allocatable()),
+            stored: None,
+            outcome: policy(),
+            allocatable: with(batch_allocatable(), "/cpu", json!("11760m")),
+            annotations: Some(json!({
+                RAW_ALLOCATABLE_ANNOTATION: "cpu=3920m,example.com/gpu=4,memory=15242204Ki",
+                APPLIED_ANNOTATION: "policy=batch;ratios=cpu=3,example.com/gpu=2,memory=1.5,pods=1",
+            })),
+        },
+        Case {
             name: "opt-out label with a value other than true does not opt out",
             policies: BATCH_POLICIES,
             node: node(
@@ -356,8 +420,8 @@ fn cases() -> Vec<Case> {
             outcome: policy(),
             allocatable: with(batch_allocatable(), "/cpu", json!("11760m")),
             annotations: Some(json!({
-                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m","example.com/gpu":"4","memory":"15242204Ki"}"#,
-                APPLIED_ANNOTATION: r#"{"policy":"batch","ratios":{"cpu":"3","example.com/gpu":"2","memory":"1.5","pods":"1"}}"#,
+                RAW_ALLOCATABLE_ANNOTATION: "cpu=3920m,example.com/gpu=4,memory=15242204Ki",
+                APPLIED_ANNOTATION: "policy=batch;ratios=cpu=3,example.com/gpu=2,memory=1.5,pods=1",
             })),
         },
         Case {
@@ -368,8 +432,8 @@ fn cases() -> Vec<Case> {
             outcome: policy(),
             allocatable: with(raw_allocatable(), "/cpu", json!("7840m")),
             annotations: Some(json!({
-                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m"}"#,
-                APPLIED_ANNOTATION: r#"{"policy":"batch","ratios":{"cpu":"2"}}"#,
+                RAW_ALLOCATABLE_ANNOTATION: "cpu=3920m",
+                APPLIED_ANNOTATION: "policy=batch;ratios=cpu=2",
             })),
         },
         Case {
@@ -384,8 +448,8 @@ fn cases() -> Vec<Case> {
             outcome: NodeOutcome::Policy("everything".into()),
             allocatable: with(raw_allocatable(), "/cpu", json!("4900m")),
             annotations: Some(json!({
-                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m"}"#,
-                APPLIED_ANNOTATION: r#"{"policy":"everything","ratios":{"cpu":"1.25"}}"#,
+                RAW_ALLOCATABLE_ANNOTATION: "cpu=3920m",
+                APPLIED_ANNOTATION: "policy=everything;ratios=cpu=1.25",
             })),
         },
         Case {
@@ -437,8 +501,8 @@ fn cases() -> Vec<Case> {
             outcome: NodeOutcome::Policy("everything".into()),
             allocatable: json!({"cpu": "2500m"}),
             annotations: Some(json!({
-                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"2"}"#,
-                APPLIED_ANNOTATION: r#"{"policy":"everything","ratios":{"cpu":"1.25"}}"#,
+                RAW_ALLOCATABLE_ANNOTATION: "cpu=2",
+                APPLIED_ANNOTATION: "policy=everything;ratios=cpu=1.25",
             })),
         },
         Case {
@@ -457,8 +521,8 @@ fn cases() -> Vec<Case> {
                 json!("7840m"),
             ),
             annotations: Some(json!({
-                RAW_ALLOCATABLE_ANNOTATION: r#"{"cpu":"3920m"}"#,
-                APPLIED_ANNOTATION: r#"{"policy":"batch","ratios":{"cpu":"2"}}"#,
+                RAW_ALLOCATABLE_ANNOTATION: "cpu=3920m",
+                APPLIED_ANNOTATION: "policy=batch;ratios=cpu=2",
             })),
         },
     ]
@@ -943,7 +1007,7 @@ fn usage_values_are_recognised_and_never_compound() {
         if decision.outcome != NodeOutcome::NoPolicy {
             assert_eq!(
                 at("/metadata/annotations/overcommit.dev~1raw-allocatable"),
-                r#"{"cpu":"3920m"}"#,
+                "cpu=3920m",
                 "{name}"
             );
         }
@@ -963,16 +1027,14 @@ fn usage_annotation_records_the_value_written() {
     let stored = apply(&incoming, &decision.patch);
     assert_eq!(
         stored.pointer("/metadata/annotations/overcommit.dev~1applied"),
-        Some(&json!(
-            r#"{"policy":"usage","ratios":{"cpu":"2"},"usage":{"cpu":"4352m"}}"#
-        ))
+        Some(&json!("policy=usage;ratios=cpu=2;usage=cpu=4352m"))
     );
     // A fallback is a ratio: no usage member, so the annotation is the static one.
     let decision = decide_usage_json(&incoming, None, &set, None).unwrap_or_else(|e| panic!("{e}"));
     let stored = apply(&incoming, &decision.patch);
     assert_eq!(
         stored.pointer("/metadata/annotations/overcommit.dev~1applied"),
-        Some(&json!(r#"{"policy":"usage","ratios":{"cpu":"2"}}"#))
+        Some(&json!("policy=usage;ratios=cpu=2"))
     );
     let explained = decision.explain();
     assert!(

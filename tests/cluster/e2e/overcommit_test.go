@@ -24,7 +24,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -49,11 +48,12 @@ import (
 
 	"kube-overcommit/tests/cluster/harness"
 	"kube-overcommit/tests/cluster/install"
+	"kube-overcommit/tests/cluster/internal/annotations"
 )
 
 const (
-	ocRawAnnotation     = "overcommit.dev/raw-allocatable"
-	ocAppliedAnnotation = "overcommit.dev/applied"
+	ocRawAnnotation     = annotations.Raw
+	ocAppliedAnnotation = annotations.Applied
 	ocDisabledLabel     = "overcommit.dev/disabled"
 	ocPodDefaultsLabel  = "overcommit.dev/pod-defaults"
 	ocPoolLabel         = "e2e-overcommit"
@@ -594,9 +594,9 @@ func notAnnotated(n *corev1.Node) error {
 
 func rawAnnotation(cpu string) nodeCheck {
 	return func(n *corev1.Node) error {
-		var raw map[string]string
-		if err := json.Unmarshal([]byte(n.Annotations[ocRawAnnotation]), &raw); err != nil {
-			return fmt.Errorf("annotation %s=%q: %v", ocRawAnnotation, n.Annotations[ocRawAnnotation], err)
+		raw, err := annotations.ParseRaw(n.Annotations[ocRawAnnotation])
+		if err != nil {
+			return err
 		}
 		q, err := resource.ParseQuantity(raw["cpu"])
 		if err != nil || q.Cmp(resource.MustParse(cpu)) != 0 {
@@ -608,11 +608,8 @@ func rawAnnotation(cpu string) nodeCheck {
 
 func appliedPolicy(name string) nodeCheck {
 	return func(n *corev1.Node) error {
-		var applied struct {
-			Policy string `json:"policy"`
-		}
 		v := n.Annotations[ocAppliedAnnotation]
-		if err := json.Unmarshal([]byte(v), &applied); err != nil || applied.Policy != name {
+		if applied, err := annotations.ParseApplied(v); err != nil || applied.Policy != name {
 			return fmt.Errorf("annotation %s=%q, want policy %s", ocAppliedAnnotation, v, name)
 		}
 		return nil

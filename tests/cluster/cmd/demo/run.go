@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -27,13 +26,14 @@ import (
 
 	"kube-overcommit/tests/cluster/harness"
 	"kube-overcommit/tests/cluster/install"
+	"kube-overcommit/tests/cluster/internal/annotations"
 	"kube-overcommit/tests/cluster/internal/runfiles"
 )
 
 const (
 	demoLabel      = "overcommit.dev/demo"
-	rawAnnotation  = "overcommit.dev/raw-allocatable"
-	appliedAnnot   = "overcommit.dev/applied"
+	rawAnnotation  = annotations.Raw
+	appliedAnnot   = annotations.Applied
 	workloadNS     = "demo"
 	workloadName   = "demo-app"
 	policyName     = "demo"
@@ -399,11 +399,7 @@ func (d *demo) printNodes(ctx context.Context) error {
 			raw = v
 		}
 		if v, ok := n.Annotations[appliedAnnot]; ok {
-			var a struct {
-				Policy string            `json:"policy"`
-				Ratios map[string]string `json:"ratios"`
-			}
-			if json.Unmarshal([]byte(v), &a) == nil && a.Policy != "" {
+			if a, err := annotations.ParseApplied(v); err == nil && a.Policy != "" {
 				var rs []string
 				for k, r := range a.Ratios {
 					rs = append(rs, k+" x"+r)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kube-overcommit/tests/cluster/harness"
+	"kube-overcommit/tests/cluster/internal/annotations"
 	"kube-overcommit/tests/cluster/internal/fakenode"
 )
 
@@ -133,8 +134,8 @@ func (d *demo) waitUsage(ctx context.Context, what string, done func(free int64,
 			}
 			cpu := n.Status.Allocatable[corev1.ResourceCPU]
 			free := cpu.MilliValue() - int64(pods[name])*per.MilliValue()
-			applied := n.Annotations[appliedAnnot]
-			if !strings.Contains(applied, `"policy":"`+usagePolicyName+`"`) || !done(free, n, pending) {
+			applied, err := annotations.ParseApplied(n.Annotations[appliedAnnot])
+			if err != nil || applied.Policy != usagePolicyName || !done(free, n, pending) {
 				waiting = append(waiting, fmt.Sprintf("%s (cpu %s, %d demo pods)", name, cpu.String(), pods[name]))
 			}
 		}
