@@ -6,6 +6,7 @@
   bench.py smoke  build, check patch equivalence, a few hundred requests per server and payload;
                   no timing assertions (suitable for `make test`)
   bench.py report re-render BENCHMARKS.md from bench/out/results.json
+  bench.py binding only the placement cap's pods/binding check beside the floor (its rows, printed)
 
 Servers (each pinned to CPU 1, the load generator to CPU 0, all on 127.0.0.1, all stop by
 themselves): kube-overcommit serve; bench/go-webhook (controller-runtime CustomDefaulters);
@@ -33,8 +34,8 @@ from pathlib import Path
 import apiserver_bench
 import equivalence
 import report
-from common import (COMMITTED_PAYLOADS, HERE, KCP, OUT, PAYLOADS, RESULTS, ROOT, Server, log, make_servers, payload_path,
-                    pinned, post, read_results, tls_context, wait_ready, write_results)
+from common import (BINDING_PAYLOAD, COMMITTED_PAYLOADS, HERE, KCP, OUT, PAYLOADS, RESULTS, ROOT, Server, log, make_servers,
+                    payload_path, pinned, post, read_results, tls_context, wait_for, wait_ready, write_results)
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kube-overcommit-bench"
 OHA_VERSION = os.environ.get("BENCH_OHA_VERSION", "")  # empty: the newest oha
@@ -572,6 +573,8 @@ def cmd_run(args) -> int:
     finally:
         for s in servers:
             s.stop()
+    add_binding(results, binding_check(bins, oha, tls, args.quick))
+    write_results(results)
     if not args.skip_apiserver:
         results["apiserver"] = apiserver_bench.run(bins, tls, nodes=args.nodes, quick=args.quick,
                                                    update_s=apiserver_bench.update_frequency(args))
@@ -584,6 +587,141 @@ def cmd_run(args) -> int:
         log("perf cannot count instructions here (perf stat -e instructions true failed): no profile section")
     report.write(results, ROOT / "BENCHMARKS.md")
     log("wrote BENCHMARKS.md")
+    return 0
+
+
+# The binding check (issue 17): a kube-overcommit with --request-cap on the local control plane,
+# its node cache holding CAP_NODE (raw cpu CAP_RAW_CPU, capped at CAP_PERCENT) with CAP_BOUND pods
+# of 1 cpu bound there, and its pod index holding the pending pod the payload binds (CAP_POD_CPU):
+# every review is a real decision (allowed: 40.5 of a cap of 70.4), the ledger entry included.
+CAP_NAMESPACE, CAP_POD, CAP_NODE = "bench-cap", "capped-0", "bench-capped"
+CAP_LABEL = "overcommit.dev/bench-cap"
+CAP_RAW_CPU, CAP_PERCENT, CAP_BOUND, CAP_POD_CPU = "64", "110%", 40, "500m"
+CAP_PORT, CAP_PROBE_PORT = 18447, 18081
+CAP_POLICY = f"""apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata:
+  name: bench-cap
+spec:
+  nodeSelector:
+    matchLabels:
+      {CAP_LABEL}: "true"
+  priority: 10
+  nodeRatios:
+    cpu: "1.1"
+  requestCap:
+    cpu: "{CAP_PERCENT}"
+"""
+
+
+def cap_objects() -> list[dict]:
+    """The node, the pods bound to it and the pending pod the binding payload names."""
+    def pod(name: str, cpu: str, node: str | None) -> dict:
+        spec = {"containers": [{"name": "app", "image": "registry.invalid/app", "resources": {"requests": {"cpu": cpu}}}],
+                "automountServiceAccountToken": False}
+        if node:
+            spec["nodeName"] = node
+        else:
+            spec["schedulerName"] = "bench-no-scheduler"  # stays pending: only the payload binds it
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": CAP_NAMESPACE}, "spec": spec}
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": CAP_NODE, "labels": {CAP_LABEL: "true"}},
+            "status": {"capacity": {"cpu": CAP_RAW_CPU, "pods": "110"}, "allocatable": {"cpu": CAP_RAW_CPU, "pods": "110"}}}
+    return [node] + [pod(f"bound-{i}", "1", CAP_NODE) for i in range(CAP_BOUND)] + [pod(CAP_POD, CAP_POD_CPU, None)]
+
+
+def placement_outcomes(probe_port: int) -> dict[str, float]:
+    """kube_overcommit_placement_reviews_total by outcome, from the probe port's /metrics."""
+    conn = http.client.HTTPConnection("127.0.0.1", probe_port, timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out = {}
+    for m in re.finditer(r'^kube_overcommit_placement_reviews_total\{outcome="([a-z-]+)"\} (\S+)$', text, re.M):
+        out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def binding_check(bins: dict[str, Path], oha: Path, tls: Path, quick: bool) -> dict:
+    """The binding check's latency beside the floor, measured as the other payloads are (closed
+    loop, then fixed rates as fractions of each server's maximum): {"bytes", "essence",
+    "servers": {name: payload result}}. Brings the local control plane up if it is not."""
+    return with_cluster(lambda: _binding_check(bins, oha, tls, quick))
+
+
+def _binding_check(bins: dict[str, Path], oha: Path, tls: Path, quick: bool) -> dict:
+    body_file = payload_path(BINDING_PAYLOAD)
+    if body_file is None:
+        raise SystemExit(f"bench: {BINDING_PAYLOAD}.json missing in {COMMITTED_PAYLOADS}")
+    d = OUT / "cap"
+    d.mkdir(parents=True, exist_ok=True)
+    kubeconfig, policy = d / "kubeconfig", d / "policy.yaml"
+    kubeconfig.write_text(run([KCP, "kubectl", "config", "view", "--raw"], capture_output=True, text=True).stdout)
+    policy.write_text(CAP_POLICY)
+    kubectl = [KCP, "kubectl"]
+    run(kubectl + ["delete", "namespace", CAP_NAMESPACE, "--ignore-not-found", "--wait=true"])
+    run(kubectl + ["delete", "node", CAP_NODE, "--ignore-not-found"])
+    run(kubectl + ["create", "namespace", CAP_NAMESPACE])
+    run(kubectl + ["create", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List", "items": cap_objects()}),
+        text=True, capture_output=True)
+    product = Server("kube-overcommit", [str(bins["kube-overcommit"]), "serve", "--listen", f"127.0.0.1:{CAP_PORT}",
+                                         "--tls-dir", str(tls), "--probe-listen", f"127.0.0.1:{CAP_PROBE_PORT}",
+                                         "--policy-file", str(policy), "--request-cap", "--leader-election=false"],
+                     CAP_PORT, {"binding": "/validate"}, env={"KUBECONFIG": str(kubeconfig)})
+    floor = next(s for s in make_servers(bins, tls, max_seconds=3600) if s.name == "floor")
+    floor.paths = {"binding": "/mutate"}
+    servers = [product, floor]
+    body = body_file.read_bytes()
+    try:
+        for s in servers:
+            s.start()
+        wait_ready(floor, tls, body, BINDING_PAYLOAD)
+        # Ready once the review is decided on the node and pod (not failed open for want of them).
+        def decided() -> bool:
+            conn = http.client.HTTPSConnection("127.0.0.1", CAP_PORT, context=tls_context(tls), timeout=5)
+            status, answer = post(conn, product.url_path(BINDING_PAYLOAD), body)
+            conn.close()
+            if status != 200 or not json.loads(answer)["response"]["allowed"]:
+                raise AssertionError(f"HTTP {status}: {answer[:300]!r}")
+            return placement_outcomes(CAP_PROBE_PORT).get("allowed", 0) > 0
+        wait_for("kube-overcommit --request-cap deciding the binding (node cache and pod index synced)", decided, timeout=90)
+        before = placement_outcomes(CAP_PROBE_PORT)
+        closed = closed_loops(oha, servers, BINDING_PAYLOAD, body_file, tls, quick)
+        results = {s.name: bench_server_payload(oha, s, BINDING_PAYLOAD, body_file, tls, quick, closed[s.name])
+                   for s in servers}
+        after = placement_outcomes(CAP_PROBE_PORT)
+    finally:
+        for s in servers:
+            s.stop()
+        run(kubectl + ["delete", "namespace", CAP_NAMESPACE, "--ignore-not-found", "--wait=false"])
+        run(kubectl + ["delete", "node", CAP_NODE, "--ignore-not-found"])
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
+    if grew.get("allowed", 0) == 0 or any(v for k, v in grew.items() if k != "allowed"):
+        raise AssertionError(f"binding check: every review must be decided and allowed; outcomes during the load: {grew}")
+    log(f"binding check: {grew['allowed']:.0f} reviews, all decided and allowed")
+    essence = {"decision": "allowed", "node": CAP_NODE, "raw cpu": CAP_RAW_CPU, "cap": CAP_PERCENT,
+               "bound": f"{CAP_BOUND} pods, {CAP_BOUND} cpu", "pod": CAP_POD_CPU, "reviews": int(grew["allowed"])}
+    return {"bytes": len(body), "essence": essence, "servers": results}
+
+
+def add_binding(results: dict, binding: dict) -> None:
+    """Put the binding check into results as one more payload (the report renders it so)."""
+    results.setdefault("payloads", {})[BINDING_PAYLOAD] = {"bytes": binding["bytes"], "essence": binding["essence"]}
+    for name, r in binding["servers"].items():
+        results.setdefault("servers", {}).setdefault(name, {"payloads": {}})["payloads"][BINDING_PAYLOAD] = r
+
+
+def cmd_binding(args) -> int:
+    """Only the binding check (development): printed, BENCHMARKS.md and results.json untouched."""
+    bins = build(args.no_build)
+    oha = ensure_oha()
+    tls = OUT / "tls"
+    make_certs(tls)
+    b = binding_check(bins, oha, tls, args.quick)
+    for name, r in b["servers"].items():
+        h = r["half_max"]
+        print(f"{BINDING_PAYLOAD} {name}: max {r['max']['rps']:.0f}/s (p50 {r['max']['p50_ms']:.2f} ms); at half max "
+              f"{h['rps']:.0f}/s p50 {h['p50_ms']:.3f} ms p99 {h['p99_ms']:.3f} ms p99.9 {h['p999_ms']:.3f} ms")
+    print(json.dumps(b["essence"]))
     return 0
 
 
@@ -705,6 +843,9 @@ def main() -> int:
                    help="leave out the API-server part (the previous run's, if any, is kept and marked as carried over)")
     r.add_argument("--servers", default="", help="comma-separated subset (development only)")
     r.add_argument("--no-build", action="store_true", help="use the binaries already built (development only)")
+    b = sub.add_parser("binding", help="only the binding check's rows (printed; BENCHMARKS.md untouched)")
+    b.add_argument("--quick", action="store_true", help="shorter steps (a rough look)")
+    b.add_argument("--no-build", action="store_true", help="use the binaries already built")
     s = sub.add_parser("smoke")
     s.add_argument("--requests", type=int, default=200)
     sub.add_parser("report")
@@ -722,7 +863,7 @@ def main() -> int:
                     help="also write bench/out/flamegraph-SERVER-PAYLOAD.svg (DWARF call graphs; installs inferno)")
     args = ap.parse_args()
     return {"run": cmd_run, "smoke": cmd_smoke, "report": cmd_report, "profile": cmd_profile,
-            "apiserver": cmd_apiserver}[args.cmd](args)
+            "apiserver": cmd_apiserver, "binding": cmd_binding}[args.cmd](args)
 
 
 if __name__ == "__main__":

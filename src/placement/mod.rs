@@ -201,50 +201,33 @@ struct TargetIn {
 
 /// Decide one review (see the module documentation). Never panics.
 pub fn handle(body: &[u8], policies: &PolicySet, source: &dyn PlacementSource) -> Validated {
-    let review: ReviewIn = match serde_json::from_slice(body) {
-        Ok(r) => r,
-        Err(e) => return bad_request(PlacementError::NotAReview(e.to_string())),
-    };
-    let request = match review.request {
-        Some(r) if review.api_version.as_deref() == Some("admission.k8s.io/v1") => r,
-        _ => {
-            return bad_request(PlacementError::NotAReview(
-                "apiVersion admission.k8s.io/v1 and a request are required".into(),
-            ));
-        }
-    };
-    let uid = request.uid.clone();
-    match catch_unwind(AssertUnwindSafe(|| decide(request, policies, source))) {
-        Ok(Ok(decision)) => answer(&uid, decision),
-        Ok(Err(e)) => fail_open(&uid, e),
-        Err(_) => fail_open(&uid, PlacementError::Panicked),
+    match read(body) {
+        Ok(review) => settle(&review, policies, source, None),
+        Err(answer) => answer,
     }
 }
 
 /// `handle`, with one read of a binding's pod the index does not hold yet (see the module
-/// documentation). The read is the only await; everything else is `handle`.
+/// documentation). The body is read once; the read of the pod is the only await, and the
+/// placement is then decided on the pod it gave.
 pub async fn handle_fetching(
     body: &[u8],
     policies: &PolicySet,
     source: &dyn PlacementSource,
 ) -> Validated {
-    let first = handle(body, policies, source);
+    let review = match read(body) {
+        Ok(review) => review,
+        Err(answer) => return answer,
+    };
+    let first = settle(&review, policies, source, None);
     let Some((namespace, name)) = first.missing_pod.clone() else {
         return first;
     };
     match source.fetch_pod(&namespace, &name).await {
-        Ok(Some(facts)) => {
-            let with = WithPod {
-                inner: source,
-                namespace: &namespace,
-                name: &name,
-                facts,
-            };
-            Validated {
-                lookup: Some(PodLookup::Found),
-                ..handle(body, policies, &with)
-            }
-        }
+        Ok(Some(facts)) => Validated {
+            lookup: Some(PodLookup::Found),
+            ..settle(&review, policies, source, Some(&facts))
+        },
         Ok(None) => Validated {
             lookup: Some(PodLookup::NotFound),
             ..first
@@ -264,38 +247,120 @@ pub async fn handle_fetching(
     }
 }
 
-/// A source that also knows one pod (read from the API server for this review only).
-struct WithPod<'a> {
-    inner: &'a dyn PlacementSource,
-    namespace: &'a str,
-    name: &'a str,
-    facts: PodFacts,
+/// A review, read once: its uid, whether it is a dry run, and what it places.
+struct Review {
+    uid: String,
+    dry_run: bool,
+    placing: Placing,
 }
 
-impl PlacementSource for WithPod<'_> {
-    fn node(&self, name: &str) -> Option<NodeFacts> {
-        self.inner.node(name)
-    }
-    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
-        if (namespace, name) == (self.namespace, self.name) {
-            return Some(self.facts.clone());
-        }
-        self.inner.pod(namespace, name)
-    }
-    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
-        self.inner.requested(node, namespace, name)
-    }
-    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
-        self.inner.allowed(namespace, name, node, requests);
-    }
+/// What a review places.
+enum Placing {
+    /// Nothing the cap checks (not a CREATE, a pod without `spec.nodeName`, another resource).
+    Nothing,
+    /// A pod created with `spec.nodeName`: its facts come with the review.
+    Pod {
+        namespace: String,
+        name: String,
+        node: String,
+        facts: PodFacts,
+    },
+    /// A binding: the pod is looked up by namespace/name.
+    Binding {
+        namespace: String,
+        name: String,
+        node: String,
+    },
 }
 
 /// Which pod goes to which node, if this review places one.
-struct Target {
-    namespace: String,
-    name: String,
-    node: String,
-    facts: PodFacts,
+struct Target<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    node: &'a str,
+    facts: &'a PodFacts,
+}
+
+/// Read a body into a [`Review`]; what cannot be read is answered here (400, or allowed).
+fn read(body: &[u8]) -> Result<Review, Validated> {
+    let review: ReviewIn = serde_json::from_slice(body)
+        .map_err(|e| bad_request(PlacementError::NotAReview(e.to_string())))?;
+    let request = match review.request {
+        Some(r) if review.api_version.as_deref() == Some("admission.k8s.io/v1") => r,
+        _ => {
+            return Err(bad_request(PlacementError::NotAReview(
+                "apiVersion admission.k8s.io/v1 and a request are required".into(),
+            )));
+        }
+    };
+    let uid = request.uid.clone();
+    let dry_run = request.dry_run;
+    match catch_unwind(AssertUnwindSafe(|| placing(request))) {
+        Ok(Ok(placing)) => Ok(Review {
+            uid,
+            dry_run,
+            placing,
+        }),
+        Ok(Err(e)) => Err(fail_open(&uid, e)),
+        Err(_) => Err(fail_open(&uid, PlacementError::Panicked)),
+    }
+}
+
+/// Decide a review read by [`read`]. A binding's pod is `fetched` (read for this review) or
+/// else the source's; without either the review fails open with `missing_pod` set.
+fn settle(
+    review: &Review,
+    policies: &PolicySet,
+    source: &dyn PlacementSource,
+    fetched: Option<&PodFacts>,
+) -> Validated {
+    let decided = catch_unwind(AssertUnwindSafe(|| {
+        let looked_up;
+        let target = match &review.placing {
+            Placing::Nothing => return Ok(CapDecision::Allow),
+            Placing::Pod {
+                namespace,
+                name,
+                node,
+                facts,
+            } => Target {
+                namespace,
+                name,
+                node,
+                facts,
+            },
+            Placing::Binding {
+                namespace,
+                name,
+                node,
+            } => {
+                let facts = match fetched {
+                    Some(facts) => facts,
+                    None => {
+                        looked_up = source.pod(namespace, name).ok_or_else(|| {
+                            PlacementError::UnknownPod {
+                                namespace: namespace.clone(),
+                                name: name.clone(),
+                            }
+                        })?;
+                        &looked_up
+                    }
+                };
+                Target {
+                    namespace,
+                    name,
+                    node,
+                    facts,
+                }
+            }
+        };
+        decide(&target, review.dry_run, policies, source)
+    }));
+    match decided {
+        Ok(Ok(decision)) => answer(&review.uid, decision),
+        Ok(Err(e)) => fail_open(&review.uid, e),
+        Err(_) => fail_open(&review.uid, PlacementError::Panicked),
+    }
 }
 
 /// One decision per node at a time, from reading the node's sum to recording the binding it
@@ -331,26 +396,23 @@ fn one_at_a_time_on<R>(node: &str, decide: impl FnOnce() -> R) -> R {
 }
 
 fn decide(
-    request: RequestIn,
+    target: &Target<'_>,
+    dry_run: bool,
     policies: &PolicySet,
     source: &dyn PlacementSource,
 ) -> Result<CapDecision, PlacementError> {
-    let dry_run = request.dry_run;
-    let Some(target) = target(request, source)? else {
-        return Ok(CapDecision::Allow);
-    };
     let node = source
-        .node(&target.node)
-        .ok_or_else(|| PlacementError::UnknownNode(target.node.clone()))?;
+        .node(target.node)
+        .ok_or_else(|| PlacementError::UnknownNode(target.node.to_string()))?;
     let Some(cap) = cap::node_cap(&policies.for_node(&node.labels)) else {
         return Ok(CapDecision::Allow);
     };
     // Held for the sum, the pure check and the ledger entry (microseconds), on /validate only.
-    let decision = one_at_a_time_on(&target.node, || {
-        let requested = source.requested(&target.node, &target.namespace, &target.name);
+    let decision = one_at_a_time_on(target.node, || {
+        let requested = source.requested(target.node, target.namespace, target.name);
         let decision = cap::check(&Placement {
-            node: &target.node,
-            pod: &target.name,
+            node: target.node,
+            pod: target.name,
             cap: Some(cap),
             raw: &node.raw,
             requested: &requested,
@@ -359,9 +421,9 @@ fn decide(
         });
         if !dry_run && !matches!(decision, CapDecision::Deny(_)) {
             source.allowed(
-                &target.namespace,
-                &target.name,
-                &target.node,
+                target.namespace,
+                target.name,
+                target.node,
                 &target.facts.requests,
             );
         }
@@ -370,16 +432,14 @@ fn decide(
     Ok(decision)
 }
 
-fn target(
-    request: RequestIn,
-    source: &dyn PlacementSource,
-) -> Result<Option<Target>, PlacementError> {
+/// What a request places (no lookups: a binding's pod is looked up in [`settle`]).
+fn placing(request: RequestIn) -> Result<Placing, PlacementError> {
     let resource = request
         .resource
         .as_ref()
         .map_or("", |r| r.resource.as_str());
     if request.operation != "CREATE" {
-        return Ok(None);
+        return Ok(Placing::Nothing);
     }
     let object = request.object.unwrap_or_default();
     // A binding is POSTed to pods/NAME/binding (the scheduler) or to the namespace's
@@ -399,21 +459,16 @@ fn target(
                 .or(binding.metadata.namespace)
                 .unwrap_or_default();
             let name = request.name.or(binding.metadata.name).unwrap_or_default();
-            let key = format!("{namespace}/{name}");
             let node = binding
                 .target
                 .map(|t| t.name)
                 .filter(|n| !n.is_empty())
-                .ok_or_else(|| PlacementError::NoTarget(key.clone()))?;
-            let Some(facts) = source.pod(&namespace, &name) else {
-                return Err(PlacementError::UnknownPod { namespace, name });
-            };
-            Ok(Some(Target {
+                .ok_or_else(|| PlacementError::NoTarget(format!("{namespace}/{name}")))?;
+            Ok(Placing::Binding {
                 namespace,
                 name,
                 node,
-                facts,
-            }))
+            })
         }
         ("pods", "") => {
             let pod: Pod =
@@ -427,7 +482,7 @@ fn target(
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty())
             else {
-                return Ok(None);
+                return Ok(Placing::Nothing);
             };
             let namespace = request
                 .namespace
@@ -446,14 +501,14 @@ fn target(
                 pod: format!("{namespace}/{name}"),
                 reason: e.to_string(),
             })?;
-            Ok(Some(Target {
+            Ok(Placing::Pod {
                 namespace,
                 name,
                 node,
                 facts,
-            }))
+            })
         }
-        _ => Ok(None),
+        _ => Ok(Placing::Nothing),
     }
 }
 

@@ -99,6 +99,8 @@ spec:
   priority: 10
   nodeRatios:
     cpu: "2"
+  requestCap:
+    cpu: "300%"
 `
 
 func localRun(o localOptions) (broken []string, err error) {
@@ -148,7 +150,7 @@ func localRun(o localOptions) (broken []string, err error) {
 		Replace:       true,
 		RestartDelay:  time.Second,
 		StopGrace:     15 * time.Second,
-		Args:          []string{"--policy-file=" + policy, "--shutdown-delay=2s", "--shutdown-grace=10s", "--cert-reload-interval=2s"},
+		Args:          []string{"--policy-file=" + policy, "--request-cap", "--shutdown-delay=2s", "--shutdown-grace=10s", "--cert-reload-interval=2s"},
 		// Leader settings go through the environment so that a flag a binary does not know
 		// cannot stop it from starting.
 		Env: []string{
@@ -200,9 +202,19 @@ func localRun(o localOptions) (broken []string, err error) {
 		return nil, err
 	}
 	defer func() { _ = fakeNodes.Stop() }()
+	// The placement cap (--request-cap, requestCap 300% of raw cpu 7): in the path before the
+	// load starts.
+	capStart := time.Now()
+	capMsg, err := capAnswers(ctx, client, "chaos", fakeNodes.Names[0])
+	if err != nil {
+		return nil, fmt.Errorf("%w (replica logs: %s)", err, strings.Join(rs.LogPaths(), " "))
+	}
+	progress("cap webhook in place (waited %v): a dry-run pod over the cap was refused: %s",
+		time.Since(capStart).Round(time.Millisecond), capMsg)
+	t.placements = true
 	obsCtx, stopObservers := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(5)
+	wg.Add(6)
 	go pollFakeNodeStats(obsCtx, &wg, t, fakeNodes.StatsFile)
 	go scrapeAPIServerMetrics(obsCtx, &wg, t, client, webhookNameSuffix)
 	go tailLogs(obsCtx, &wg, t, func() []string {
@@ -212,6 +224,7 @@ func localRun(o localOptions) (broken []string, err error) {
 	go tailLogs(obsCtx, &wg, t, rs.LogPaths, x509InReplicaLog, func(p *Phase, k int64) { p.X509Replica += k }, "TLS alert in a replica log")
 	go createPods(obsCtx, &wg, t, client, "chaos", 300*time.Millisecond, 40,
 		map[string]string{"overcommit.dev/chaos": "true"}, nil)
+	go placePods(obsCtx, &wg, t, client, "chaos", fakeNodes.Names, 500*time.Millisecond, 40)
 	stopLoad := func() {
 		stopObservers()
 		wg.Wait()

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/ptr"
 
 	"kube-overcommit/tests/cluster/harness"
@@ -226,22 +227,9 @@ func x509InReplicaLog(line string) bool {
 // oldest beyond keep, and counts creations that worked and failed in the current phase.
 func createPods(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubernetes.Interface, ns string, interval time.Duration, keep int, selector map[string]string, tolerations []corev1.Toleration) {
 	defer wg.Done()
-	var live []string
+	live := &livePods{pods: client.CoreV1().Pods(ns), keep: keep}
 	failures := 0
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	zero := metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
-			dctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			for _, name := range live {
-				_ = client.CoreV1().Pods(ns).Delete(dctx, name, zero)
-			}
-			cancel()
-			return
-		case <-tick.C:
-		}
+	everyTick(ctx, interval, live, func(i int) {
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("chaos-%d-%d", time.Now().Unix()%100000, i), Namespace: ns,
 				Labels: map[string]string{"app": "chaos-load"}},
@@ -258,7 +246,7 @@ func createPods(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubern
 		_, err := client.CoreV1().Pods(ns).Create(cctx, pod, metav1.CreateOptions{})
 		cancel()
 		if ctx.Err() != nil {
-			continue
+			return
 		}
 		if err != nil {
 			failures++
@@ -266,16 +254,54 @@ func createPods(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubern
 			if failures == 1 || failures%20 == 0 {
 				progress("pod create failed (%d so far): %v", failures, err)
 			}
-			continue
+			return
 		}
 		t.Add(func(p *Phase) { p.PodsCreated++ })
-		live = append(live, pod.Name)
-		for len(live) > keep {
-			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_ = client.CoreV1().Pods(ns).Delete(dctx, live[0], zero)
-			cancel()
-			live = live[1:]
+		live.add(ctx, pod.Name)
+	})
+}
+
+// everyTick calls step with 0, 1, 2, ... every interval until ctx ends, then deletes the pods
+// live holds.
+func everyTick(ctx context.Context, interval time.Duration, live *livePods, step func(i int)) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			live.deleteAll()
+			return
+		case <-tick.C:
 		}
+		step(i)
+	}
+}
+
+// livePods are the pods a load keeps: the oldest beyond keep are deleted as new ones come, the
+// rest at the end.
+type livePods struct {
+	pods  corev1client.PodInterface
+	names []string
+	keep  int
+}
+
+var deleteNow = metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}
+
+func (l *livePods) add(ctx context.Context, name string) {
+	l.names = append(l.names, name)
+	for len(l.names) > l.keep {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_ = l.pods.Delete(dctx, l.names[0], deleteNow)
+		cancel()
+		l.names = l.names[1:]
+	}
+}
+
+func (l *livePods) deleteAll() {
+	dctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, name := range l.names {
+		_ = l.pods.Delete(dctx, name, deleteNow)
 	}
 }
 
@@ -303,4 +329,97 @@ func waitFor(ctx context.Context, timeout, interval time.Duration, what string, 
 			return fmt.Errorf("%s: %w", what, ctx.Err())
 		}
 	}
+}
+
+// placementScheduler is the schedulerName of the pods placePods binds itself: no scheduler
+// runs by that name, so the binding is this load's own.
+const placementScheduler = "chaos-manual-binder"
+
+// placePods keeps placing small pods on the capped nodes (round robin over nodes), one every
+// interval, alternating two ways the cap webhook checks: a pod created with spec.nodeName,
+// and a pod created unscheduled (placementScheduler) then bound through pods/binding. The
+// oldest beyond keep are deleted. A placement that worked counts in PlacedOK; a create or a
+// binding that failed counts in PlacedFailed (the cap has room: with failurePolicy Ignore, no
+// replica being down may make one fail).
+func placePods(ctx context.Context, wg *sync.WaitGroup, t *Tally, client kubernetes.Interface, ns string, nodes []string, interval time.Duration, keep int) {
+	defer wg.Done()
+	pods := client.CoreV1().Pods(ns)
+	live := &livePods{pods: pods, keep: keep}
+	failures := 0
+	everyTick(ctx, interval, live, func(i int) {
+		node := nodes[i%len(nodes)]
+		bind := i%2 == 1
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("placed-%d-%d", time.Now().Unix()%100000, i), Namespace: ns,
+				Labels: map[string]string{"app": "chaos-placed"}},
+			Spec: corev1.PodSpec{
+				TerminationGracePeriodSeconds: ptr.To(int64(0)),
+				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10",
+					Resources: corev1.ResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m")}}}},
+			},
+		}
+		if bind {
+			pod.Spec.SchedulerName = placementScheduler
+		} else {
+			pod.Spec.NodeName = node
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := pods.Create(cctx, pod, metav1.CreateOptions{})
+		if err != nil {
+			err = fmt.Errorf("create %s on %s: %w", pod.Name, node, err)
+		} else {
+			live.add(ctx, pod.Name)
+			if bind {
+				err = pods.Bind(cctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: pod.Name},
+					Target: corev1.ObjectReference{Kind: "Node", Name: node}}, metav1.CreateOptions{})
+				if err != nil {
+					err = fmt.Errorf("bind %s to %s: %w", pod.Name, node, err)
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			failures++
+			t.Add(func(p *Phase) { p.PlacedFailed++ })
+			if failures == 1 || failures%20 == 0 {
+				progress("placement failed (%d so far): %v", failures, err)
+			}
+			return
+		}
+		t.Add(func(p *Phase) { p.PlacedOK++ })
+	})
+}
+
+// capAnswers waits until a replica's cap webhook refuses a placement over the cap (a dry-run
+// create of a pod asking more cpu than the cap on one of the nodes): the validating webhook
+// configuration is in place and a replica's node cache holds the node, so the placement load
+// does go through the cap check. Dry run: nothing is stored, no ledger entry is kept. Run
+// before the API server metrics are scraped (the refusals are not counted as rejections).
+func capAnswers(ctx context.Context, client kubernetes.Interface, ns, node string) (string, error) {
+	var msg string
+	err := waitFor(ctx, 60*time.Second, 500*time.Millisecond, "the cap webhook refuses a placement over the cap", func() error {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "over-the-cap", Namespace: ns},
+			Spec: corev1.PodSpec{NodeName: node,
+				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10",
+					Resources: corev1.ResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1000")}}}}},
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := client.CoreV1().Pods(ns).Create(cctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil {
+			return fmt.Errorf("allowed (the cap webhook is not in place yet, or its replica does not know the node)")
+		}
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), node) {
+			return fmt.Errorf("refused, but not by the cap: %w", err)
+		}
+		msg = err.Error()
+		return nil
+	})
+	return msg, err
 }

@@ -29,7 +29,10 @@ type Phase struct {
 	FailOpen, Rejected                            int64
 	X509APIServer, X509Replica                    int64
 	PodsCreated, PodsFailed                       int64
-	Notes                                         []string
+	// Placements on capped nodes (pods/binding, and pods created with spec.nodeName): the
+	// cap has room, so each must go through whether the cap webhook answers or not.
+	PlacedOK, PlacedFailed int64
+	Notes                  []string
 }
 
 // Tally is the run's phases; the observers add to the current one.
@@ -38,6 +41,8 @@ type Tally struct {
 	phases []*Phase
 	cur    *Phase
 	errs   []string
+	// placements: the run places pods on capped nodes (its summary and invariant are printed).
+	placements bool
 }
 
 func newTally() *Tally {
@@ -107,7 +112,7 @@ func (t *Tally) Finish(w io.Writer, timeoutSeconds int) []string {
 	total := &Phase{Name: "TOTAL", Faults: map[string]int64{}}
 	var broken []string
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "phase\tsecs\tfaults\twrites\tfailed\tslow>%ds\tmutated\tnot mutated\tfail-open\tx509\tpods ok\tpods failed\t\n", timeoutSeconds)
+	fmt.Fprintf(tw, "phase\tsecs\tfaults\twrites\tfailed\tslow>%ds\tmutated\tnot mutated\tfail-open\tx509\tpods ok\tpods failed\tplaced ok\tplaced failed\t\n", timeoutSeconds)
 	row := func(p *Phase) {
 		secs := p.End.Sub(p.Start).Seconds()
 		if p.Name == "TOTAL" {
@@ -120,8 +125,9 @@ func (t *Tally) Finish(w io.Writer, timeoutSeconds int) []string {
 		for _, n := range p.Faults {
 			faults += n
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", p.Name, secs, faults, p.Writes, p.Failed, p.Slow,
-			p.Mutated, p.NotMutated, p.FailOpen, p.X509APIServer+p.X509Replica+p.ClientX509, p.PodsCreated, p.PodsFailed)
+		fmt.Fprintf(tw, "%s\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", p.Name, secs, faults, p.Writes, p.Failed, p.Slow,
+			p.Mutated, p.NotMutated, p.FailOpen, p.X509APIServer+p.X509Replica+p.ClientX509, p.PodsCreated, p.PodsFailed,
+			p.PlacedOK, p.PlacedFailed)
 	}
 	for _, p := range t.phases {
 		row(p)
@@ -140,6 +146,8 @@ func (t *Tally) Finish(w io.Writer, timeoutSeconds int) []string {
 		total.ClientX509 += p.ClientX509
 		total.PodsCreated += p.PodsCreated
 		total.PodsFailed += p.PodsFailed
+		total.PlacedOK += p.PlacedOK
+		total.PlacedFailed += p.PlacedFailed
 		broken = append(broken, p.check()...)
 	}
 	row(total)
@@ -156,6 +164,19 @@ func (t *Tally) Finish(w io.Writer, timeoutSeconds int) []string {
 	}
 	fmt.Fprintf(w, "x509 errors: %d in API server logs, %d in replica logs (TLS alerts), %d in write errors; webhook rejections (API server metric): %d\n",
 		total.X509APIServer, total.X509Replica, total.ClientX509, total.Rejected)
+	if t.placements {
+		var placedFailedUp int64
+		for _, p := range t.phases {
+			if !p.APIDown {
+				placedFailedUp += p.PlacedFailed
+			}
+		}
+		fmt.Fprintf(w, "placements on capped nodes (pods/binding and spec.nodeName, cap with room): %d ok, %d failed while the API server was up (must be 0: fail-open), %d failed in all\n",
+			total.PlacedOK, placedFailedUp, total.PlacedFailed)
+		if total.PlacedOK == 0 {
+			broken = append(broken, "no placement on a capped node went through: the placement load did not run")
+		}
+	}
 	for _, p := range t.phases {
 		for _, n := range p.Notes {
 			fmt.Fprintf(w, "note (%s): %s\n", p.Name, n)
@@ -186,6 +207,9 @@ func (p *Phase) check() []string {
 		}
 		if p.PodsFailed > 0 {
 			out = append(out, fmt.Sprintf("%s: %d pod creations failed (must be 0)", p.Name, p.PodsFailed))
+		}
+		if p.PlacedFailed > 0 {
+			out = append(out, fmt.Sprintf("%s: %d placements on capped nodes failed (must be 0: the cap webhook fails open)", p.Name, p.PlacedFailed))
 		}
 	}
 	if p.AllMutated && (p.NotMutated > 0 || p.FailOpen > 0) {
