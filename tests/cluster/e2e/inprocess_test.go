@@ -31,6 +31,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -343,7 +344,8 @@ func (e *ipEnv) write(name, what string, edit func(*corev1.Node)) {
 
 // put reads the stored node, edits it, computes the review's answer for that write and makes
 // it (PUT nodes/status as the node); it returns the stored result and the review's.
-// The node controller writes new nodes too (taints, annotations): a conflict is retried from a
+// The node controller writes new nodes too (taints, annotations): a write made stale by it (a
+// conflict, or NodeRestriction refusing the stale taints the PUT carries) is retried from a
 // fresh read, with a fresh review.
 func (e *ipEnv) put(name string, edit func(*corev1.Node)) (*corev1.Node, *corev1.Node) {
 	e.t.Helper()
@@ -354,7 +356,10 @@ func (e *ipEnv) put(name string, edit func(*corev1.Node)) (*corev1.Node, *corev1
 		e.t.Fatal(err)
 	}
 	var got, want *corev1.Node
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	stale := func(err error) bool {
+		return apierrors.IsConflict(err) || (apierrors.IsForbidden(err) && strings.Contains(err.Error(), "taints"))
+	}
+	err = retry.OnError(wait.Backoff{Steps: 20, Duration: 50 * time.Millisecond, Factor: 1.2}, stale, func() error {
 		old := e.get(name)
 		next := old.DeepCopy()
 		edit(next)
