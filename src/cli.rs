@@ -31,6 +31,9 @@ pub enum Command {
     Review(crate::review::ReviewArgs),
     /// Print the OvercommitPolicy CustomResourceDefinition (YAML).
     Crd,
+    /// Print the MutatingAdmissionPolicy and binding (a JSON List) that apply the static
+    /// policies of a policy file inside the API server.
+    CompileInprocess(crate::compile_inprocess::CompileArgs),
     /// Ask the leader for a forced rotation of the serving leaf (or, with --ca, of the CA).
     Rotate(crate::leader::rotate::RotateArgs),
     /// One row per node: policy, raw and written allocatable, requested, usage (like
@@ -110,6 +113,7 @@ pub fn main() -> anyhow::Result<()> {
         }
         Command::Review(args) => crate::review::run(&args),
         Command::Crd => crate::review::run_crd(),
+        Command::CompileInprocess(args) => crate::compile_inprocess::run(&args),
         Command::Rotate(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

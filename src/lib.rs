@@ -13,6 +13,7 @@ pub mod accept;
 pub mod admission;
 pub mod app;
 pub mod cli;
+pub mod compile_inprocess;
 pub mod duration;
 pub mod leader;
 pub mod metrics;

@@ -66,13 +66,18 @@ fn parse_now(text: &str) -> Result<i64, String> {
         .map_err(|e| format!("{text:?} is not an RFC 3339 time (2026-11-24T02:00:00Z): {e}"))
 }
 
+/// A policy file (YAML, one or more OvercommitPolicy documents), validated as a whole.
+pub fn read_policy_file(path: &std::path::Path) -> anyhow::Result<PolicySet> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading policy file {}", path.display()))?;
+    policy::parse_policy_file(&text)
+        .and_then(PolicySet::new)
+        .with_context(|| format!("policy file {}", path.display()))
+}
+
 /// Run `review`: the response JSON on stdout; with `--explain`, the account on stderr.
 pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
-    let policy_text = std::fs::read_to_string(&args.policy_file)
-        .with_context(|| format!("reading policy file {}", args.policy_file.display()))?;
-    let policies = policy::parse_policy_file(&policy_text)
-        .and_then(PolicySet::new)
-        .with_context(|| format!("policy file {}", args.policy_file.display()))?;
+    let policies = read_policy_file(&args.policy_file)?;
     let input = read_input(&args.input)?;
     let body = as_review(&input)?;
     let usage_text = match &args.usage_file {

@@ -13,6 +13,7 @@
 
 pub mod cap;
 pub mod duration;
+pub mod inprocess;
 pub mod node;
 pub mod patch;
 pub mod pod;

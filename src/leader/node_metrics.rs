@@ -243,7 +243,10 @@ mod tests {
             ),
             (
                 "an unreadable annotation: no stale value, counted",
-                vec![Apply(node("a", Some("cpu=4,cpu=5"))), Apply(node("b", Some("{")))],
+                vec![
+                    Apply(node("a", Some("cpu=4,cpu=5"))),
+                    Apply(node("b", Some("{"))),
+                ],
                 vec![],
                 "2",
             ),

@@ -151,7 +151,11 @@ mod tests {
         assert_eq!(raw_allocatable(None), Ok(vec![]), "no annotations at all");
         let empty = annotations(Some("{}"));
         assert_eq!(raw_allocatable(Some(&empty)), Ok(vec![]), "empty map");
-        assert_eq!(raw_allocatable(Some(&annotations(Some("")))), Ok(vec![]), "empty list");
+        assert_eq!(
+            raw_allocatable(Some(&annotations(Some("")))),
+            Ok(vec![]),
+            "empty list"
+        );
         let several = annotations(Some("pods=110,memory=1Ki,cpu=8"));
         let resources: Vec<String> = raw_allocatable(Some(&several))
             .map(|s| s.into_iter().map(|s| s.resource).collect())

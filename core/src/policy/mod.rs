@@ -257,6 +257,11 @@ impl PolicySet {
             .max()
     }
 
+    /// The policies, highest priority first (then by name): the order `for_node` tries them in.
+    pub fn policies(&self) -> impl Iterator<Item = &CompiledPolicy> {
+        self.compiled.iter()
+    }
+
     /// Policy names, highest priority first.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.compiled.iter().map(|p| p.name.as_str())

@@ -1,0 +1,437 @@
+//! The node rule for static policies, compiled to CEL: one `admissionregistration.k8s.io/v1`
+//! MutatingAdmissionPolicy (a JSONPatch mutation) and its binding, which the API server runs
+//! in-process instead of calling the webhook. Pure: the input is the `PolicySet`, the output
+//! two JSON objects.
+//!
+//! What the compiled policy does is `node::decide` for the nodes whose winning policy is
+//! static (no `spec.usage`, no `spec.requestCap`), step by step (the CEL variable in brackets):
+//! - **Policy** (`choice`): `overcommit.dev/disabled=true` opts out; else the first policy, in
+//!   `PolicySet` order (priority, then name), with ratios whose selector matches. A node whose
+//!   winner needs outside data (usage, cap) gets `!`: the compiled policy leaves it alone (the
+//!   webhook's).
+//! - **Previous record** (`prev*`): the annotations of the object if it carries either one,
+//!   else the stored object's; both must be there. The JSON format of earlier versions is
+//!   turned into the listed one by text replacement (it was written compactly by serde_json).
+//! - **Raw value** (`lines`): per resource the policy inflates or the record holds, the value
+//!   last written is recomputed (raw x recorded ratio, or the recorded usage value); if the
+//!   incoming allocatable equals it by value (`quantity(..).compareTo`) the raw value is the
+//!   recorded text, else the incoming text.
+//! - **New allocatable** = floor(raw x ratio) in millicores (cpu) or units, by integer
+//!   arithmetic (see `inflate`), printed as `quantity::Quantity` prints it (`format_decimal`,
+//!   `format_binary`); the raw text where the result equals it.
+//! - **Refusal** (`refuse`): a value above capacity that is not what was last written is
+//!   left alone (no patch at all), as the webhook fails open.
+//! - **Annotations**: written in the listed format when a policy applies, removed otherwise.
+//!
+//! Where CEL does not follow the Rust rule exactly (README.md, `compile-inprocess`): a raw value
+//! below the unit (sub-millicore cpu, fractional bytes; no kubelet reports one) is floored
+//! before the ratio, not after; an unreadable record is read as far as it goes (an entry
+//! without `=` is skipped; a value that is not a quantity or a ratio stops the evaluation, and
+//! the API server admits the write unchanged, `failurePolicy: Ignore`) where the Rust rule
+//! ignores the whole record; quiet heartbeats are not compiled.
+
+use serde_json::{Value, json};
+
+use crate::policy::Requirement;
+use crate::policy::{CompiledPolicy, DISABLED_LABEL, PolicySet};
+use crate::quantity::Ratio;
+
+/// Name of the compiled MutatingAdmissionPolicy and of its binding.
+pub const POLICY_NAME: &str = "nodes.overcommit.dev";
+/// Which writes the compiled policy sees: the node webhook's match condition (registrations,
+/// and status writes by kubelets).
+pub const MATCH_CONDITION: (&str, &str) = (
+    "node-registration-or-kubelet",
+    "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in request.userInfo.groups)",
+);
+
+const RAW_KEY: &str = crate::node::RAW_ALLOCATABLE_ANNOTATION;
+const APPLIED_KEY: &str = crate::node::APPLIED_ANNOTATION;
+/// `choice` of a node whose winning policy stays on the webhook.
+const WEBHOOK_CHOICE: &str = "!";
+
+/// The compiled objects, and which policies each path serves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compiled {
+    pub policy: Value,
+    pub binding: Value,
+    /// Policies the compiled policy applies (static), highest priority first.
+    pub in_process: Vec<String>,
+    /// Policies left to the webhook (usage, cap, or names the listed format cannot hold).
+    pub webhook: Vec<String>,
+}
+
+/// Whether a policy's node rule needs nothing but the node: no usage, no cap, and names and
+/// ratios the listed annotation format holds (the API server and the validation accept no
+/// others).
+pub fn is_static(policy: &CompiledPolicy) -> bool {
+    let listable = |text: &str| {
+        !text.is_empty()
+            && !text.starts_with('{')
+            && !text
+                .bytes()
+                .any(|b| matches!(b, b',' | b'=' | b';' | b'\'' | b'\\') || b <= b' ')
+    };
+    policy.usage.is_none()
+        && policy.cap.is_none()
+        && listable(&policy.name)
+        && policy
+            .ratios
+            .iter()
+            .all(|(resource, (text, _))| listable(resource) && listable(text))
+}
+
+/// The `overcommit.dev/applied` text the node rule writes under a static policy.
+pub fn applied_text(policy: &CompiledPolicy) -> String {
+    let ratios: Vec<String> = policy
+        .ratios
+        .iter()
+        .map(|(resource, (text, _))| format!("{resource}={text}"))
+        .collect();
+    format!("policy={};ratios={}", policy.name, ratios.join(","))
+}
+
+/// Compile the policy set.
+pub fn compile(policies: &PolicySet) -> Compiled {
+    let mut in_process = Vec::new();
+    let mut webhook = Vec::new();
+    // (selector expression, choice) in the order `for_node` tries them.
+    let mut chain = Vec::new();
+    let mut ratios = vec![
+        (lit(""), "{}".to_string()),
+        (lit(WEBHOOK_CHOICE), "{}".into()),
+    ];
+    let mut keys = vec![
+        (lit(""), "[]".to_string()),
+        (lit(WEBHOOK_CHOICE), "[]".into()),
+    ];
+    let mut applied = vec![(lit(""), lit("")), (lit(WEBHOOK_CHOICE), lit(""))];
+    for policy in policies.policies() {
+        // `for_node` skips a policy with neither ratios nor usage.
+        if policy.ratios.is_empty() && policy.usage.is_none() {
+            continue;
+        }
+        let choice = if is_static(policy) {
+            in_process.push(policy.name.clone());
+            let inflated: Vec<(&String, &Ratio)> = policy
+                .ratios
+                .iter()
+                .filter(|(_, (_, ratio))| !ratio.is_one())
+                .map(|(resource, (_, ratio))| (resource, ratio))
+                .collect();
+            let map: Vec<String> = inflated
+                .iter()
+                .map(|(r, ratio)| format!("{}: {}", lit(r), ratio.millionths()))
+                .collect();
+            let list: Vec<String> = inflated.iter().map(|(r, _)| lit(r)).collect();
+            ratios.push((lit(&policy.name), format!("{{{}}}", map.join(", "))));
+            keys.push((lit(&policy.name), format!("[{}]", list.join(", "))));
+            applied.push((lit(&policy.name), lit(&applied_text(policy))));
+            policy.name.as_str()
+        } else {
+            webhook.push(policy.name.clone());
+            WEBHOOK_CHOICE
+        };
+        chain.push((selector(&policy.selector.requirements), lit(choice)));
+    }
+    let choice = chain
+        .iter()
+        .rev()
+        .fold(lit(""), |rest, (selector, choice)| {
+            format!("({selector} ? {choice} : {rest})")
+        });
+    let table = |entries: &[(String, String)]| {
+        let body: Vec<String> = entries.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        format!("{{{}}}[variables.choice]", body.join(", "))
+    };
+    let variables = [
+        (
+            "labels",
+            "has(object.metadata.labels) ? object.metadata.labels : {}".to_string(),
+        ),
+        (
+            "choice",
+            format!(
+                "{d} in variables.labels && variables.labels[{d}] == 'true' ? '' : {choice}",
+                d = lit(DISABLED_LABEL)
+            ),
+        ),
+        ("ratios", table(&ratios)),
+        ("ratioKeys", table(&keys)),
+        ("applied", table(&applied)),
+        (
+            "alloc",
+            "has(object.status) && has(object.status.allocatable) ? object.status.allocatable : {}"
+                .into(),
+        ),
+        (
+            "capacity",
+            "has(object.status) && has(object.status.capacity) ? object.status.capacity : {}"
+                .into(),
+        ),
+        ("prevAnn", prev_annotations()),
+        (
+            "prevOK",
+            format!(
+                "{} in variables.prevAnn && {} in variables.prevAnn",
+                lit(RAW_KEY),
+                lit(APPLIED_KEY)
+            ),
+        ),
+        (
+            "prevRaw",
+            format!(
+                "variables.prevOK ? [{}].map(t, t == '' ? [] : t.split(','))[0] : []",
+                from_json(&format!("variables.prevAnn[{}]", lit(RAW_KEY)))
+            ),
+        ),
+        (
+            "prevSections",
+            format!(
+                "variables.prevOK ? {}.split(';') : []",
+                from_json(&format!("variables.prevAnn[{}]", lit(APPLIED_KEY)))
+            ),
+        ),
+        (
+            "prevRatios",
+            "variables.prevSections.size() > 1 && variables.prevSections[1] != 'ratios=' ? \
+             variables.prevSections[1].substring(7).split(',') : []"
+                .into(),
+        ),
+        (
+            "prevUsage",
+            "variables.prevSections.size() > 2 && variables.prevSections[2] != 'usage=' ? \
+             variables.prevSections[2].substring(6).split(',') : []"
+                .into(),
+        ),
+        ("lines", lines()),
+        (
+            "refuse",
+            "variables.lines.exists(l, l.r in variables.ratios && l.fromAnn == 'n' && \
+             l.r in variables.capacity && isQuantity(variables.capacity[l.r]) && \
+             quantity(l.inc).isGreaterThan(quantity(variables.capacity[l.r])))"
+                .into(),
+        ),
+        (
+            "rawRecord",
+            "variables.ratioKeys.filter(k, k in variables.alloc).map(k, k + '=' + \
+             variables.lines.filter(l, l.r == k)[0].raw).join(',')"
+                .into(),
+        ),
+    ];
+    let variables: Vec<Value> = variables
+        .into_iter()
+        .map(|(name, expression)| json!({"name": name, "expression": expression}))
+        .collect();
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/managed-by": "kube-overcommit"}},
+        "spec": {
+            "failurePolicy": "Ignore",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {
+                "matchPolicy": "Equivalent",
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes/status"], "scope": "Cluster"},
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["nodes"], "scope": "Cluster"},
+                ],
+            },
+            "matchConditions": [{"name": MATCH_CONDITION.0, "expression": MATCH_CONDITION.1}],
+            "variables": variables,
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch_expression()}}],
+        },
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/managed-by": "kube-overcommit"}},
+        "spec": {"policyName": POLICY_NAME},
+    });
+    Compiled {
+        policy,
+        binding,
+        in_process,
+        webhook,
+    }
+}
+
+/// A CEL string literal.
+fn lit(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// A selector's requirements over `variables.labels` (none: every node).
+fn selector(requirements: &[Requirement]) -> String {
+    if requirements.is_empty() {
+        return "true".into();
+    }
+    let values = |values: &std::collections::BTreeSet<String>| {
+        let list: Vec<String> = values.iter().map(|v| lit(v)).collect();
+        format!("[{}]", list.join(", "))
+    };
+    let parts: Vec<String> = requirements
+        .iter()
+        .map(|r| match r {
+            Requirement::In(key, v) => format!(
+                "({k} in variables.labels && variables.labels[{k}] in {v})",
+                k = lit(key),
+                v = values(v)
+            ),
+            Requirement::NotIn(key, v) => format!(
+                "!({k} in variables.labels && variables.labels[{k}] in {v})",
+                k = lit(key),
+                v = values(v)
+            ),
+            Requirement::Exists(key) => format!("({} in variables.labels)", lit(key)),
+            Requirement::DoesNotExist(key) => format!("!({} in variables.labels)", lit(key)),
+        })
+        .collect();
+    format!("({})", parts.join(" && "))
+}
+
+/// The annotations the record is read from: the object's if it carries either, else the
+/// stored object's (`oldObject`, null on CREATE).
+fn prev_annotations() -> String {
+    let carries = |object: &str| {
+        format!(
+            "has({object}.metadata.annotations) && ({raw} in {object}.metadata.annotations || \
+             {applied} in {object}.metadata.annotations)",
+            raw = lit(RAW_KEY),
+            applied = lit(APPLIED_KEY)
+        )
+    };
+    format!(
+        "{} ? object.metadata.annotations : (oldObject != null && {} ? \
+         oldObject.metadata.annotations : {{}})",
+        carries("object"),
+        carries("oldObject")
+    )
+}
+
+/// An annotation text in the listed format: the JSON of earlier versions
+/// (`{"cpu":"4"}`, `{"policy":"p","ratios":{"cpu":"2"},"usage":{...}}`) rewritten by text
+/// replacement into `cpu=4` and `policy=p;ratios=cpu=2;usage=...`.
+fn from_json(text: &str) -> String {
+    format!(
+        "[{text}].map(t, t.trim().startsWith('{{') ? t.trim().replace('{{\"policy\":\"', 'policy=')\
+         .replace('\",\"ratios\":{{', ';ratios=').replace('}},\"usage\":{{', ';usage=')\
+         .replace('\":\"', '=').replace('{{', '').replace('}}', '').replace('\"', '') : t)[0]"
+    )
+}
+
+/// The value for `resource` in a list of `name=value` texts (`''`: none).
+fn lookup(list: &str, resource: &str) -> String {
+    format!(
+        "({list}.exists(p, p.startsWith({resource} + '=')) ? \
+         {list}.filter(p, p.startsWith({resource} + '='))[0].substring(size({resource}) + 1) : '')"
+    )
+}
+
+/// Ratio text (`1.5`) -> millionths (1500000).
+fn millionths(text: &str) -> String {
+    format!(
+        "[{text}.split('.')].map(ps, int(ps[0]) * 1000000 + \
+         (ps.size() > 1 ? int((ps[1] + '000000').substring(0, 6)) : 0))[0]"
+    )
+}
+
+/// floor(quantity text `raw` x 10^s) as an int: exact for whole quantities (`asInteger`);
+/// otherwise a float estimate checked and corrected by exact comparisons.
+fn units(raw: &str, s: &str) -> String {
+    format!(
+        "[quantity({raw})].map(q, q.isInteger() ? q.asInteger() * ({s} == 3 ? 1000 : 1) : \
+         [int(q.asApproximateFloat() * ({s} == 3 ? 1000.0 : 1.0))].map(c, [c + 1, c, c - 1]\
+         .filter(cm, cm >= 0 && quantity(string(cm) + ({s} == 3 ? 'm' : '')).compareTo(q) <= 0)[0])[0])[0]"
+    )
+}
+
+/// `w` (an int of units of 10^-s) printed as `Quantity` prints a decimal quantity: the largest
+/// suffix keeping the number whole (23835m, 24, 1500, 2k).
+fn format_decimal(w: &str, s: &str) -> String {
+    let pows: Vec<String> = (1..=18).map(|n| 10u64.pow(n).to_string()).collect();
+    let all: Vec<String> = (0..=18).map(|n| 10u64.pow(n).to_string()).collect();
+    format!(
+        "({w} == 0 ? '0' : [[{pows}].filter(p, {w} % p == 0).size()].map(z, [z - {s}].map(e, \
+         [((e + 3) / 3) * 3 - 3].map(se, string({w} / [{all}][z]) + ['', '0', '00'][e - se] + \
+         {{-3: 'm', 0: '', 3: 'k', 6: 'M', 9: 'G', 12: 'T', 15: 'P', 18: 'E'}}[se])[0])[0])[0])",
+        pows = pows.join(", "),
+        all = all.join(", ")
+    )
+}
+
+/// `w` (whole units, at least 1024) with the largest binary suffix dividing it.
+fn format_binary(w: &str) -> String {
+    let pows: Vec<String> = (1..=6).map(|n| (1u64 << (10 * n)).to_string()).collect();
+    let all: Vec<String> = (0..=6).map(|n| (1u64 << (10 * n)).to_string()).collect();
+    format!(
+        "[[{pows}].filter(p, {w} % p == 0).size()].map(b, string({w} / [{all}][b]) + \
+         ['', 'Ki', 'Mi', 'Gi', 'Ti', 'Pi', 'Ei'][b])[0]",
+        pows = pows.join(", "),
+        all = all.join(", ")
+    )
+}
+
+/// floor(`raw` x ratio) for `resource`, as text: `raw` and `resource` are CEL expressions of
+/// strings, `ratio` of an int of millionths. Integer arithmetic only: u x whole + floor(u x
+/// frac / 10^6), the second split at 10^6 so that no product leaves int64 before the result
+/// does (an overflow is an evaluation error: the write goes through unchanged).
+fn inflate(raw: &str, ratio: &str, resource: &str) -> String {
+    let units = units(raw, "s");
+    let decimal = format_decimal("w", "s");
+    let binary = format_binary("w");
+    format!(
+        "[{resource} == 'cpu' ? 3 : 0].map(s, [{ratio}].map(rm, [{units}].map(u, \
+         u * (rm / 1000000) + (u / 1000000) * (rm % 1000000) + \
+         (u % 1000000) * (rm % 1000000) / 1000000)[0]).map(w, \
+         [s == 0 && {raw}.matches('[KMGTPE]i$') && w >= 1024 ? {binary} : {decimal}]\
+         .map(t, quantity(t).compareTo(quantity({raw})) == 0 ? {raw} : t)[0])[0])[0]"
+    )
+}
+
+/// Per resource the rule looks at: `{r, inc, raw, fromAnn ('y'/'n'), desired}`.
+fn lines() -> String {
+    let previous_ratio = lookup("variables.prevRatios", "r");
+    let previous_usage = lookup("variables.prevUsage", "r");
+    let previously_written = format!(
+        "({previous_usage} != '' ? {previous_usage} : [{previous_ratio}].map(pt, pt == '' ? pr : \
+         [{millionths}].map(pm, pm == 1000000 ? pr : {inflated})[0])[0])",
+        millionths = millionths("pt"),
+        inflated = inflate("pr", "pm", "r"),
+    );
+    let recorded = lookup("variables.prevRaw", "r");
+    format!(
+        "variables.alloc.filter(r, r in variables.ratios || {recorded} != '')\
+         .map(r, [{recorded}].map(pr, [pr != '' && \
+         quantity({previously_written}).compareTo(quantity(variables.alloc[r])) == 0]\
+         .map(fromAnn, [fromAnn ? pr : string(variables.alloc[r])].map(raw, \
+         {{'r': string(r), 'inc': string(variables.alloc[r]), 'raw': raw, 'fromAnn': fromAnn ? 'y' : 'n', \
+         'desired': r in variables.ratios ? {desired} : raw}})[0])[0])[0])",
+        desired = inflate("raw", "variables.ratios[r]", "r"),
+    )
+}
+
+/// The JSONPatch: allocatable where it differs by value, then the annotations.
+fn patch_expression() -> String {
+    let path = |key: &str| format!("'/metadata/annotations/' + jsonpatch.escapeKey({key})");
+    let keys = format!("[{}, {}]", lit(RAW_KEY), lit(APPLIED_KEY));
+    format!(
+        "variables.choice == {webhook} || variables.refuse ? [] : \
+         variables.lines.filter(l, quantity(l.desired).compareTo(quantity(l.inc)) != 0)\
+         .map(l, JSONPatch{{op: 'replace', path: '/status/allocatable/' + jsonpatch.escapeKey(l.r), value: l.desired}}) + \
+         (variables.choice == '' ? \
+         (has(object.metadata.annotations) ? {keys}.filter(k, k in object.metadata.annotations)\
+         .map(k, JSONPatch{{op: 'remove', path: {path_k}}}) : []) : \
+         [{{{raw}: variables.rawRecord, {applied}: variables.applied}}].map(want, \
+         has(object.metadata.annotations) ? {keys}.filter(k, !(k in object.metadata.annotations) || \
+         object.metadata.annotations[k] != want[k]).map(k, JSONPatch{{op: 'add', path: {path_k}, value: want[k]}}) : \
+         [JSONPatch{{op: 'add', path: '/metadata/annotations', value: want}}])[0])",
+        webhook = lit(WEBHOOK_CHOICE),
+        raw = lit(RAW_KEY),
+        applied = lit(APPLIED_KEY),
+        path_k = path("k"),
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! Table tests of the compiler (pure). What the compiled CEL does on a real API server is
+//! tested in tests/cluster/e2e/inprocess_test.go, against `review` (the webhook's rule).
+
+use std::borrow::Cow;
+
+use overcommit_json::StrMap;
+
+use super::*;
+use crate::node::{NodeView, decide};
+use crate::policy::parse_policy_file;
+
+fn policies(yaml: &str) -> PolicySet {
+    match parse_policy_file(yaml).and_then(PolicySet::new) {
+        Ok(set) => set,
+        Err(e) => panic!("test policies: {e}"),
+    }
+}
+
+fn map(pairs: &[(&str, &str)]) -> StrMap<'static> {
+    pairs
+        .iter()
+        .map(|(k, v)| (Cow::Owned(k.to_string()), Cow::Owned(v.to_string())))
+        .collect()
+}
+
+const SET: &str = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: gpu}
+spec:
+  nodeSelector: {matchLabels: {pool: gpu}}
+  priority: 10
+  nodeRatios: {cpu: "2", memory: "1.5", example.com/gpu: "3", pods: "1"}
+---
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: usage}
+spec:
+  nodeSelector: {matchExpressions: [{key: pool, operator: In, values: [usage]}]}
+  priority: 20
+  nodeRatios: {cpu: "1.5"}
+  usage: {targetUtilization: {cpu: "60%"}, maxRatios: {cpu: "4"}}
+---
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: empty}
+spec:
+  priority: 30
+---
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: everything}
+spec:
+  priority: 0
+  nodeRatios: {cpu: "1.25"}
+"#;
+
+#[test]
+fn static_policies_go_in_process_the_others_stay_on_the_webhook_in_priority_order() {
+    let compiled = compile(&policies(SET));
+    assert_eq!(compiled.in_process, ["gpu", "everything"]);
+    assert_eq!(compiled.webhook, ["usage"]);
+    let choice = compiled.policy["spec"]["variables"][1]["expression"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The chain tries the policies in `for_node`'s order; `empty` (no ratios) is skipped; the
+    // usage policy's nodes get '!' (left alone).
+    let at = |needle: &str| choice.find(needle);
+    let (usage, batch, everything) = (at("? '!'"), at("? 'gpu'"), at("? 'everything'"));
+    assert!(
+        usage.is_some() && batch.is_some() && everything.is_some(),
+        "{choice}"
+    );
+    assert!(usage < batch && batch < everything, "{choice}");
+    assert!(!choice.contains("empty"), "{choice}");
+    assert!(choice.starts_with("'overcommit.dev/disabled' in variables.labels"));
+}
+
+#[test]
+fn the_compiled_objects_match_what_the_node_webhook_matches_and_fail_open() {
+    let compiled = compile(&policies(SET));
+    let spec = &compiled.policy["spec"];
+    assert_eq!(spec["failurePolicy"], "Ignore");
+    assert_eq!(spec["reinvocationPolicy"], "Never");
+    let rules = &spec["matchConstraints"]["resourceRules"];
+    assert_eq!(rules[0]["operations"][0], "UPDATE");
+    assert_eq!(rules[0]["resources"][0], "nodes/status");
+    assert_eq!(rules[1]["operations"][0], "CREATE");
+    assert_eq!(rules[1]["resources"][0], "nodes");
+    assert_eq!(spec["matchConditions"][0]["expression"], MATCH_CONDITION.1);
+    assert_eq!(spec["mutations"][0]["patchType"], "JSONPatch");
+    assert_eq!(compiled.binding["spec"]["policyName"], POLICY_NAME);
+    assert_eq!(compiled.policy["metadata"]["name"], POLICY_NAME);
+}
+
+#[test]
+fn applied_text_is_what_the_node_rule_writes() {
+    let set = policies(SET);
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("pool", "gpu")],
+            "policy=gpu;ratios=cpu=2,example.com/gpu=3,memory=1.5,pods=1",
+        ),
+        (&[], "policy=everything;ratios=cpu=1.25"),
+    ];
+    for (labels, want) in cases {
+        let labels = map(labels);
+        let allocatable = map(&[("cpu", "4"), ("memory", "16Gi"), ("pods", "110")]);
+        let node = NodeView {
+            has_metadata: true,
+            labels: Some(&labels),
+            allocatable: Some(&allocatable),
+            ..NodeView::default()
+        };
+        let decision = match decide(&node, None, &set) {
+            Ok(d) => d,
+            Err(e) => panic!("{e}"),
+        };
+        let written = decision
+            .patch
+            .iter()
+            .map(|op| serde_json::to_value(op).unwrap_or_default())
+            .find(|op| op["path"] == "/metadata/annotations")
+            .map(|op| op["value"][APPLIED_KEY].clone());
+        assert_eq!(written, Some(Value::String(want.to_string())));
+        let name = want
+            .strip_prefix("policy=")
+            .and_then(|s| s.split(';').next())
+            .unwrap_or_default();
+        let policy = set.policies().find(|p| p.name == name);
+        assert_eq!(policy.map(applied_text).as_deref(), Some(*want));
+        let table = compile(&set).policy["spec"]["variables"][4]["expression"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(table.contains(&format!("'{name}': '{want}'")), "{table}");
+    }
+}
+
+#[test]
+fn selectors_compile_to_kubernetes_semantics() {
+    let set = |s: &[&str]| s.iter().map(|v| v.to_string()).collect();
+    let cases = [
+        (
+            Requirement::In("pool".into(), set(&["a", "b"])),
+            "(('pool' in variables.labels && variables.labels['pool'] in ['a', 'b']))",
+        ),
+        (
+            Requirement::NotIn("pool".into(), set(&["a"])),
+            "(!('pool' in variables.labels && variables.labels['pool'] in ['a']))",
+        ),
+        (
+            Requirement::Exists("gpu".into()),
+            "(('gpu' in variables.labels))",
+        ),
+        (
+            Requirement::DoesNotExist("gpu".into()),
+            "(!('gpu' in variables.labels))",
+        ),
+    ];
+    for (requirement, want) in cases {
+        assert_eq!(selector(std::slice::from_ref(&requirement)), want);
+    }
+    assert_eq!(selector(&[]), "true");
+}
+
+#[test]
+fn literals_are_escaped() {
+    assert_eq!(lit("a'b\\c"), r"'a\'b\\c'");
+}
+
+#[test]
+fn ratios_are_compiled_to_exact_millionths_without_ones() {
+    let compiled = compile(&policies(SET));
+    let ratios = compiled.policy["spec"]["variables"][2]["expression"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        ratios.contains("'gpu': {'cpu': 2000000, 'example.com/gpu': 3000000, 'memory': 1500000}"),
+        "{ratios}"
+    );
+    assert!(
+        ratios.contains("'everything': {'cpu': 1250000}"),
+        "{ratios}"
+    );
+}
