@@ -20,8 +20,8 @@
 //! `oldObject` unless the node rule needs its annotations) is stepped over by `scan` without
 //! being built or visited token by token.
 
-use std::cell::Cell;
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use base64::Engine as _;
