@@ -155,6 +155,29 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 		return nil
 	})
 	t.Logf("hand edit repaired in %v", time.Since(start).Round(time.Millisecond))
+	// Exactly two replaces so far (the policy edit, the hand edit): what the API server
+	// defaults is not taken for drift, so nothing is rewritten at every resync.
+	if err := rs.in.WaitReady(2, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	repairs := func() float64 {
+		var n float64
+		for _, r := range rs.in.Replicas() {
+			m, err := replicaMetrics(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += m[`kube_overcommit_config_repairs_total{object="mutating-admission-policy",action="repaired"}`]
+		}
+		return n
+	}
+	first := repairs()
+	// Two resyncs of the leader loop (5 s at most each) without a write.
+	resync := time.NewTimer(6 * time.Second)
+	<-resync.C
+	if n := repairs(); n != 2 || first != 2 {
+		t.Fatalf("compiled policy replaced %v then %v times, want 2 (policy edit, hand edit): drift taken where there is none", first, n)
+	}
 
 	// 5. No static policy left (a usage policy only): both are deleted, and the webhook
 	// serves the node again.
