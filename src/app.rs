@@ -83,6 +83,20 @@ pub struct ServeArgs {
     #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "0", value_parser = duration_arg)]
     pub heartbeat_refresh: Duration,
 
+    /// Which path serves the static policies' node rule: `webhook` (this server),
+    /// `in-process` (the leader keeps them compiled into a MutatingAdmissionPolicy and binding
+    /// that the API server runs; refuses to start where the API server does not serve
+    /// admissionregistration.k8s.io/v1 mutatingadmissionpolicies and bindings), or `auto`
+    /// (in-process where served, webhook otherwise). Policies with spec.usage or
+    /// spec.requestCap stay on the webhook.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_MODE",
+        value_enum,
+        default_value = "webhook"
+    )]
+    pub mode: crate::mode::Mode,
+
     /// Usage policies (spec.usage): list NodeMetrics from metrics.k8s.io this often. A node's
     /// newest sample older (by its own timestamp) than its window plus 3 intervals, or a failed
     /// poll, makes its policy fall back to nodeRatios. The poller and the pod watch run only
@@ -178,6 +192,18 @@ async fn start(
     let store = PolicyStore::new(shared.metrics.clone(), policies_synced);
     let source = start_policy_source(args, store.clone(), shared.shutdown.clone()).await?;
 
+    let path = crate::mode::resolve(args.mode).await?;
+    tracing::info!(
+        mode = args.mode.as_str(),
+        path = path.as_str(),
+        "static policies' path"
+    );
+    let in_process = leader::in_process::InProcessContext {
+        path,
+        policies: store.clone(),
+        flag: Default::default(),
+    };
+
     let usage = UsageCaches::new(shared.metrics.clone(), args.usage_interval);
     let (detail, in_force) = (usage.clone(), store.clone());
     shared.readiness.add_detail("usage", move || {
@@ -192,6 +218,7 @@ async fn start(
             heartbeat_refresh: args.heartbeat_refresh,
             clock: Clock::System,
             usage: Some(usage),
+            in_process: in_process.flag.clone(),
         },
         metrics: shared.metrics.clone(),
         max_body_bytes: usize::try_from(args.server.max_body_bytes).unwrap_or(usize::MAX),
@@ -222,7 +249,13 @@ async fn start(
     ));
     let probes = tokio::spawn(probe_serve);
     let server = tokio::spawn(server.run(shared.shutdown.clone()));
-    let leader = start_leader(&args.leader, args.request_cap, shared, resolver).await?;
+    let leader = start_leader(&args.leader, args.request_cap, shared, resolver, in_process).await?;
+    if path == crate::mode::Path::InProcess && leader.is_none() {
+        anyhow::bail!(
+            "--mode {}: the leader keeps the compiled policy, and the leader part is off (--leader-election=false)",
+            args.mode.as_str()
+        );
+    }
     Ok(Running {
         not_shutting_down,
         server,
@@ -383,8 +416,10 @@ async fn start_leader(
     request_cap: bool,
     shared: &Shared,
     served: Arc<CertResolver>,
+    in_process: leader::in_process::InProcessContext,
 ) -> anyhow::Result<Option<leader::Running>> {
     let context = leader::ServeContext {
+        in_process,
         metrics: shared.metrics.clone(),
         namespace: shared.namespace.clone(),
         request_cap,

@@ -17,6 +17,7 @@ pub mod compile_inprocess;
 pub mod duration;
 pub mod leader;
 pub mod metrics;
+pub mod mode;
 pub mod placement;
 pub mod pods;
 pub mod probes;

@@ -93,6 +93,7 @@ pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
         heartbeat_refresh: args.heartbeat_refresh,
         clock: args.now.map_or(Clock::System, Clock::Fixed),
         usage: usage.map(|u| Arc::new(FixedUsage(u)) as Arc<dyn NodeUsageSource>),
+        ..Settings::default()
     };
     let handled = admission::handle(&body, &policies, &settings);
     let reason = handled.error.as_ref().map(|e| e.to_string());

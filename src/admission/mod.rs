@@ -28,6 +28,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use overcommit_core::Account;
+use overcommit_core::inprocess;
 use overcommit_core::node::heartbeat::{Condition, Quiet};
 use overcommit_core::node::usage::NodeUsage;
 use overcommit_core::node::{self, NodeDecision, NodeView};
@@ -61,6 +62,10 @@ pub struct Settings {
     pub clock: Clock,
     /// Node usage for usage policies (None: none known, every usage policy falls back).
     pub usage: Option<std::sync::Arc<dyn NodeUsageSource>>,
+    /// True while the compiled MutatingAdmissionPolicy of the static policies is in force
+    /// (`serve --mode`, set by `leader::in_process`): the node rule then leaves the nodes it
+    /// serves (`inprocess::serves`) unchanged. One atomic load per node review when false.
+    pub in_process: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Where the time of a review comes from.
@@ -570,6 +575,15 @@ fn decide_request(
                 return Err(RuleError::NodeWithoutObject);
             };
             let node = node_view(object);
+            if settings
+                .in_process
+                .load(std::sync::atomic::Ordering::Relaxed)
+                && inprocess::serves(&policies.for_node(&node.labels))
+            {
+                return Ok(Decision::NotMutated(
+                    "node served in-process (the compiled MutatingAdmissionPolicy)".into(),
+                ));
+            }
             let old = request.old_object.as_ref();
             let stored_annotations = old
                 .and_then(|old| old.metadata.as_ref())

@@ -570,3 +570,47 @@ fn usage_is_looked_up_only_for_usage_policies() {
         handled.usage_fallbacks
     );
 }
+
+/// `serve --mode`: while the compiled policy is in force, the node rule leaves the nodes it
+/// serves unchanged (a static winner, no policy); a usage policy's node stays the webhook's.
+#[test]
+fn in_process_leaves_static_nodes_to_the_compiled_policy() {
+    let on = Settings {
+        in_process: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        ..settings()
+    };
+    let usage_policies = match parse_policy_file(
+        "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: batch}\nspec:\n  nodeSelector: {matchLabels: {pool: batch}}\n  nodeRatios: {cpu: \"2\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n",
+    )
+    .and_then(PolicySet::new)
+    {
+        Ok(set) => set,
+        Err(e) => panic!("{e}"),
+    };
+    let none = PolicySet::default();
+    let request = json(NODE_STATUS_UPDATE);
+    // (policies, in-process in force, patched)
+    let cases = [
+        (
+            "static winner, webhook mode",
+            &policies(),
+            &settings(),
+            true,
+        ),
+        ("static winner, in force", &policies(), &on, false),
+        (
+            "no policy (annotations removed), webhook mode",
+            &none,
+            &settings(),
+            true,
+        ),
+        ("no policy, in force", &none, &on, false),
+        ("usage winner, in force", &usage_policies, &on, true),
+    ];
+    for (what, set, settings, patched) in cases {
+        let handled = handle(NODE_STATUS_UPDATE, set, settings);
+        let response = response(&handled, &request);
+        assert_eq!(response["patch"].is_string(), patched, "{what}: {response}");
+        assert_eq!(response["allowed"], true, "{what}");
+    }
+}

@@ -16,18 +16,21 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
 use super::certs::{self, CertError, CertInfo, Fingerprint};
+use super::compiled_policy::{self, Upkeep};
 use super::election::{Claim, NotLeader};
+use super::in_process::InProcessContext;
 use super::metrics::LeaderMetrics;
 use super::replicas;
 use super::rotation::{self, Action, CaState, Forced, LeafState, Observed, Phase};
 use super::store::{self, CaContents, CaMaterial};
 use super::webhook_config::{self, ValidatingUpkeep, WebhookSettings};
+use crate::mode::Path;
 
 /// Why a step of the loop failed (it is retried at the next tick).
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +81,17 @@ pub struct Controller {
     /// With `--request-cap` off: a validating configuration left by an earlier run with it on
     /// was looked for (once per term as leader).
     stale_validating_checked: AtomicBool,
+    compiled: Compiled,
+}
+
+/// The compiled MutatingAdmissionPolicy and binding (`serve --mode`).
+struct Compiled {
+    context: InProcessContext,
+    policies: Api<DynamicObject>,
+    bindings: Api<DynamicObject>,
+    /// On the webhook path: one left by an earlier run in in-process mode was looked for
+    /// (once per term as leader).
+    stale_checked: AtomicBool,
 }
 
 fn now() -> Timestamp {
@@ -90,8 +104,16 @@ impl Controller {
         s: ControllerSettings,
         claim: Claim,
         metrics: LeaderMetrics,
+        in_process: InProcessContext,
     ) -> Self {
+        let compiled = Compiled {
+            context: in_process,
+            policies: Api::all_with(client.clone(), &compiled_policy::policy_resource()),
+            bindings: Api::all_with(client.clone(), &compiled_policy::binding_resource()),
+            stale_checked: AtomicBool::new(false),
+        };
         Self {
+            compiled,
             secrets: Api::namespaced(client.clone(), &s.namespace),
             leases: Api::namespaced(client.clone(), &s.namespace),
             validating: Api::all(client.clone()),
@@ -148,6 +170,23 @@ impl Controller {
             let stream = watcher(self.validating.clone(), cfg).default_backoff();
             out.push(tokio::spawn(notify_on(stream, wake.clone())));
         }
+        if self.compiled.context.path == Path::InProcess {
+            // A policy change rebuilds the compiled policy at once; its objects are watched.
+            let store = self.compiled.context.policies.clone();
+            let woken = wake.clone();
+            out.push(tokio::spawn(async move {
+                loop {
+                    store.published().await;
+                    woken.notify_one();
+                }
+            }));
+            let cfg = watcher::Config::default()
+                .fields(&format!("metadata.name={}", self.s.webhook.config_name));
+            for api in [&self.compiled.policies, &self.compiled.bindings] {
+                let stream = watcher(api.clone(), cfg.clone()).default_backoff();
+                out.push(tokio::spawn(notify_on(stream, wake.clone())));
+            }
+        }
         for name in [&self.s.ca_secret, &self.s.serving_secret] {
             let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
             let stream = watcher(self.secrets.clone(), cfg).default_backoff();
@@ -166,6 +205,7 @@ impl Controller {
             let (leaf, forced) = store::read_serving(serving.as_ref());
             let live_bundle = self.upkeep_config(&ca).await?;
             let live_bundle = self.upkeep_validating(&ca, live_bundle).await?;
+            self.upkeep_compiled().await?;
             let at = now();
             let reports =
                 replicas::fresh_reports(&self.leases, &self.s.lease_name, at, true).await?;
@@ -327,6 +367,120 @@ impl Controller {
             }
         };
         Ok(written.as_ref().map(bundle_fingerprints))
+    }
+
+    /// Create, repair or delete the compiled policy and binding (`serve --mode`). A failure
+    /// is logged and retried at the next tick without holding up the rest of the loop. On the
+    /// webhook path, one left by an earlier run is looked for once per term (a cluster without
+    /// the API, 404, or without the RBAC, 403, has none to delete).
+    async fn upkeep_compiled(&self) -> Result<(), NotLeader> {
+        let c = &self.compiled;
+        let webhook_path = c.context.path == Path::Webhook;
+        if webhook_path && c.stale_checked.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // Never from an empty set before the first one is read: that would delete them.
+        if !webhook_path && !c.context.policies.is_synced() {
+            return Ok(());
+        }
+        let want = compiled_policy::desired(
+            &c.context.policies.current(),
+            c.context.path,
+            &self.s.webhook.config_name,
+        );
+        match self.keep_compiled(want.as_ref()).await {
+            Ok(()) => {
+                c.stale_checked.store(webhook_path, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(ControllerError::NotLeader(e)) => Err(e),
+            Err(ControllerError::Kube(kube::Error::Api(s)))
+                if webhook_path && (s.code == 404 || s.code == 403) =>
+            {
+                tracing::debug!(code = s.code, "no compiled admission policy to look for");
+                c.stale_checked.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = c.context.path.as_str(), "could not keep the compiled admission policy; retrying");
+                Ok(())
+            }
+        }
+    }
+
+    /// The policy before its binding when they are wanted, the binding first when not.
+    async fn keep_compiled(
+        &self,
+        want: Option<&compiled_policy::Desired>,
+    ) -> Result<(), ControllerError> {
+        let c = &self.compiled;
+        let policy = (&c.policies, want.map(|w| &w.policy), true);
+        let binding = (&c.bindings, want.map(|w| &w.binding), false);
+        let order = if want.is_some() {
+            [policy, binding]
+        } else {
+            [binding, policy]
+        };
+        for (api, want, is_policy) in order {
+            self.keep_one(api, want, is_policy).await?;
+        }
+        Ok(())
+    }
+
+    async fn keep_one(
+        &self,
+        api: &Api<DynamicObject>,
+        want: Option<&serde_json::Value>,
+        is_policy: bool,
+    ) -> Result<(), ControllerError> {
+        let name = &self.s.webhook.config_name;
+        let object = if is_policy {
+            "mutating-admission-policy"
+        } else {
+            "mutating-admission-policy-binding"
+        };
+        let actual = match api.get_opt(name).await? {
+            Some(o) => Some(serde_json::to_value(o).map_err(json_error)?),
+            None => None,
+        };
+        let as_object =
+            |v: serde_json::Value| serde_json::from_value::<DynamicObject>(v).map_err(json_error);
+        match (
+            compiled_policy::upkeep(want, actual.as_ref(), is_policy),
+            want,
+            &actual,
+        ) {
+            (Upkeep::Create, Some(want), _) => {
+                self.claim.check()?;
+                api.create(&PostParams::default(), &as_object(want.clone())?)
+                    .await?;
+                tracing::info!(%name, object, "created the compiled admission policy object");
+                self.metrics.repair(object, "created");
+            }
+            (Upkeep::Repair(drifted), Some(want), Some(actual)) => {
+                self.claim.check()?;
+                let repaired = as_object(compiled_policy::repaired(actual, want))?;
+                api.replace(name, &PostParams::default(), &repaired).await?;
+                tracing::info!(%name, object, fields = ?drifted, "repaired the compiled admission policy object");
+                self.metrics.repair(object, "repaired");
+            }
+            (Upkeep::Delete, _, Some(actual)) => {
+                self.claim.check()?;
+                let meta = |key: &str| actual["metadata"][key].as_str().map(str::to_string);
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        resource_version: meta("resourceVersion"),
+                        uid: meta("uid"),
+                    }),
+                    ..DeleteParams::default()
+                };
+                api.delete(name, &params).await?;
+                tracing::info!(%name, object, "deleted the compiled admission policy object");
+                self.metrics.repair(object, "deleted");
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     async fn write_secret(
@@ -586,6 +740,10 @@ fn trusted_pem(ca: &CaMaterial) -> Option<String> {
         }
         _ => None,
     }
+}
+
+fn json_error(e: serde_json::Error) -> ControllerError {
+    ControllerError::State(format!("compiled admission policy object: {e}"))
 }
 
 fn fingerprints_of(pem: Option<Vec<u8>>) -> Vec<Fingerprint> {

@@ -33,8 +33,10 @@
 //!   leadership is lost, so one replica per cluster exports it.
 
 pub mod certs;
+pub mod compiled_policy;
 pub mod controller;
 pub mod election;
+pub mod in_process;
 pub mod metrics;
 pub mod node_metrics;
 pub mod raw_allocatable;
@@ -56,6 +58,7 @@ use tokio::task::JoinHandle;
 
 use self::controller::{Controller, ControllerSettings};
 use self::election::{Claim, ElectionSettings};
+use self::in_process::InProcessContext;
 use self::metrics::LeaderMetrics;
 use self::readiness::{ReadinessCheck, ServedCertificate};
 use self::webhook_config::WebhookSettings;
@@ -243,6 +246,7 @@ pub fn start(
     election: bool,
     served: Arc<dyn ServedCertificate>,
     metrics: LeaderMetrics,
+    in_process: InProcessContext,
     shutdown: Signal,
 ) -> Result<Running, LeaderError> {
     args.validate()?;
@@ -272,9 +276,16 @@ pub fn start(
         shutdown.clone(),
     )));
 
+    tasks.push(tokio::spawn(in_process::keep_flag(
+        client.clone(),
+        args.webhook_config_name.clone(),
+        in_process.clone(),
+        shutdown.clone(),
+    )));
+
     let claim = if election {
         let (claim, election_task, leader_task) =
-            start_election(client, args, &identity, metrics, shutdown);
+            start_election(client, args, &identity, metrics, in_process, shutdown);
         tasks.extend([election_task, leader_task]);
         claim
     } else {
@@ -294,6 +305,7 @@ fn start_election(
     args: &LeaderArgs,
     identity: &str,
     metrics: LeaderMetrics,
+    in_process: InProcessContext,
     shutdown: Signal,
 ) -> (Claim, JoinHandle<()>, JoinHandle<()>) {
     let gauge = metrics.leader.clone();
@@ -316,6 +328,7 @@ fn start_election(
         args.controller(),
         claim.clone(),
         metrics,
+        in_process,
         shutdown,
     ));
     (claim, election_task, leader_task)
@@ -327,6 +340,7 @@ async fn supervise(
     settings: ControllerSettings,
     claim: Claim,
     metrics: LeaderMetrics,
+    in_process: InProcessContext,
     shutdown: Signal,
 ) {
     let mut leading = claim.subscribe();
@@ -341,6 +355,7 @@ async fn supervise(
             settings.clone(),
             claim.clone(),
             metrics.clone(),
+            in_process.clone(),
         );
         let mut task = tokio::spawn(controller.run());
         let node_task = tokio::spawn(node_metrics::run(Api::all(client.clone()), metrics.clone()));
@@ -458,6 +473,8 @@ pub struct ServeContext {
     pub shutdown: Signal,
     /// The leaf this replica serves, for the readiness gate and the replica report.
     pub served: Arc<dyn ServedCertificate>,
+    /// `serve --mode`: the path, the policy set it compiles, the webhook's flag.
+    pub in_process: InProcessContext,
 }
 
 /// Start the leader part inside `serve`: the namespace comes from `serve`, metrics go to the
@@ -489,6 +506,7 @@ pub async fn start_in_serve(
         true,
         context.served,
         metrics,
+        context.in_process,
         context.shutdown,
     )
     .map(Some)

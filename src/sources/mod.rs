@@ -48,6 +48,8 @@ pub struct PolicyStore {
     current: Arc<ArcSwap<PolicySet>>,
     synced: ReadyFlag,
     metrics: Arc<Metrics>,
+    /// Woken at every publish (the leader rebuilds the compiled policy at once).
+    published: Arc<tokio::sync::Notify>,
 }
 
 impl PolicyStore {
@@ -57,7 +59,13 @@ impl PolicyStore {
             current: Arc::new(ArcSwap::from_pointee(PolicySet::default())),
             synced,
             metrics,
+            published: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Resolves at the next publish (of a set, changed or not).
+    pub async fn published(&self) {
+        self.published.notified().await;
     }
 
     /// The shared cell the server reads.
@@ -79,6 +87,7 @@ impl PolicyStore {
         self.metrics.policies_loaded.set(n as i64);
         self.count(source, ReloadResult::success);
         self.synced.set(true);
+        self.published.notify_waiters();
     }
 
     fn count(&self, source: PolicySourceLabel, result: ReloadResult) {

@@ -551,6 +551,13 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 				allowed[grant{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "kube-overcommit", v}] = true
 			}
 			allowed[grant{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "create"}] = true
+			// serve --mode in-process|auto: the compiled MutatingAdmissionPolicy and binding.
+			for _, res := range []string{"mutatingadmissionpolicies", "mutatingadmissionpolicybindings"} {
+				for _, v := range []string{"get", "list", "watch", "update", "patch", "delete"} {
+					allowed[grant{"admissionregistration.k8s.io", res, "kube-overcommit", v}] = true
+				}
+				allowed[grant{"admissionregistration.k8s.io", res, "", "create"}] = true
+			}
 			for _, v := range []string{"list", "watch"} {
 				allowed[grant{"overcommit.dev", "overcommitpolicies", "", v}] = true
 				allowed[grant{"", "nodes", "", v}] = true

@@ -33,7 +33,7 @@
 use serde_json::{Value, json};
 
 use crate::policy::Requirement;
-use crate::policy::{CompiledPolicy, DISABLED_LABEL, PolicySet};
+use crate::policy::{CompiledPolicy, DISABLED_LABEL, NodeChoice, PolicySet};
 use crate::quantity::Ratio;
 
 /// Name of the compiled MutatingAdmissionPolicy and of its binding.
@@ -79,6 +79,16 @@ pub fn is_static(policy: &CompiledPolicy) -> bool {
             .ratios
             .iter()
             .all(|(resource, (text, _))| listable(resource) && listable(text))
+}
+
+/// Whether the compiled policy, while in force, serves a node of this choice: every node but
+/// those whose winning policy stays on the webhook (its choice `!`). Opted-out nodes and
+/// nodes no policy selects are its too (it removes the annotations).
+pub fn serves(choice: &NodeChoice<'_>) -> bool {
+    match choice {
+        NodeChoice::Policy(policy) => is_static(policy),
+        NodeChoice::NoPolicy | NodeChoice::OptedOut => true,
+    }
 }
 
 /// The `overcommit.dev/applied` text the node rule writes under a static policy.

@@ -186,3 +186,28 @@ fn ratios_are_compiled_to_exact_millionths_without_ones() {
         "{ratios}"
     );
 }
+
+#[test]
+fn serves_table() {
+    let set = policies(SET);
+    let usage = policies(
+        "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: u}\nspec:\n  nodeRatios: {cpu: \"2\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n",
+    );
+    let static_winner = set
+        .policies()
+        .find(|p| is_static(p))
+        .map(NodeChoice::Policy);
+    let usage_winner = usage.policies().next().map(NodeChoice::Policy);
+    let cases = [
+        ("static winner", static_winner, true),
+        ("usage winner", usage_winner, false),
+        ("no policy", Some(NodeChoice::NoPolicy), true),
+        ("opted out", Some(NodeChoice::OptedOut), true),
+    ];
+    for (what, choice, want) in cases {
+        let Some(choice) = choice else {
+            panic!("{what}: no such policy in the test set")
+        };
+        assert_eq!(serves(&choice), want, "{what}");
+    }
+}

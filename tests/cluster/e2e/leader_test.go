@@ -60,6 +60,8 @@ type replicaSet struct {
 	t  *testing.T
 	ns string
 	in *install.Installation
+	// policy is the policy file the replicas read (--policy-file).
+	policy string
 }
 
 // startReplicas starts n replicas in a fresh namespace with a policy doubling cpu on the
@@ -109,7 +111,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := &replicaSet{t: t, ns: ns, in: in}
+	rs := &replicaSet{t: t, ns: ns, in: in, policy: policy}
 	t.Cleanup(func() {
 		// The leader kept the configuration in place; with every replica gone, remove it so
 		// that no other test's nodes are reviewed by a webhook without backends.
