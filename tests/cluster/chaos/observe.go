@@ -71,9 +71,14 @@ func pollFakeNodeStats(ctx context.Context, wg *sync.WaitGroup, t *Tally, path s
 // (nodes.overcommit.dev, pods.overcommit.dev): the API server labels its metrics with them.
 const webhookNameSuffix = `overcommit.dev"`
 
+// capWebhookName is the placement cap's validating webhook (bindings.cap.overcommit.dev): it
+// fails open by design (a placement goes through when the cap cannot answer), so its
+// fail-opens are counted apart from the mutating webhooks' (the "100% mutated" invariant).
+const capWebhookName = `.cap.overcommit.dev"`
+
 // webhookMetrics are the API server's admission webhook counters for our webhooks.
 type webhookMetrics struct {
-	failOpen, rejected float64
+	failOpen, rejected, capFailOpen float64
 }
 
 // scrapeAPIServerMetrics reads the API server's /metrics with the admin credentials every
@@ -99,14 +104,15 @@ func scrapeAPIServerMetrics(ctx context.Context, wg *sync.WaitGroup, t *Tally, c
 		} else {
 			m := parseWebhookMetrics(string(body), webhookName)
 			if last != nil {
-				fo, rj := m.failOpen-last.failOpen, m.rejected-last.rejected
-				if fo < 0 {
-					fo = m.failOpen
+				growth := func(now, before float64) int64 {
+					if now < before {
+						return int64(now)
+					}
+					return int64(now - before)
 				}
-				if rj < 0 {
-					rj = m.rejected
-				}
-				t.Add(func(p *Phase) { p.FailOpen += int64(fo); p.Rejected += int64(rj) })
+				fo, rj := growth(m.failOpen, last.failOpen), growth(m.rejected, last.rejected)
+				cfo := growth(m.capFailOpen, last.capFailOpen)
+				t.Add(func(p *Phase) { p.FailOpen += fo; p.Rejected += rj; p.CapFailOpen += cfo })
 			}
 			last = &m
 		}
@@ -135,6 +141,8 @@ func parseWebhookMetrics(text, webhookName string) webhookMetrics {
 			continue
 		}
 		switch {
+		case strings.HasPrefix(line, "apiserver_admission_webhook_fail_open_count{") && strings.Contains(line, capWebhookName):
+			m.capFailOpen += v
 		case strings.HasPrefix(line, "apiserver_admission_webhook_fail_open_count{"):
 			m.failOpen += v
 		case strings.HasPrefix(line, "apiserver_admission_webhook_rejection_count{"):

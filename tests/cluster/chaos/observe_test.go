@@ -37,12 +37,13 @@ func TestParseWebhookMetrics(t *testing.T) {
 apiserver_admission_webhook_fail_open_count{name="nodes.overcommit.dev",type="admit"} 3
 apiserver_admission_webhook_fail_open_count{name="pods.overcommit.dev",type="admit"} 2
 apiserver_admission_webhook_fail_open_count{name="other.example.com",type="admit"} 7
+apiserver_admission_webhook_fail_open_count{name="bindings.cap.overcommit.dev",type="validating"} 4
 apiserver_admission_webhook_rejection_count{error_type="calling_webhook_error",name="nodes.overcommit.dev",operation="UPDATE",rejection_code="0",type="admit"} 1
 apiserver_admission_webhook_request_total{code="200",name="nodes.overcommit.dev",operation="UPDATE",rejected="false",type="admit"} 100
 `
 	m := parseWebhookMetrics(text, webhookNameSuffix)
-	if m.failOpen != 5 || m.rejected != 1 {
-		t.Fatalf("got %+v, want failOpen 5, rejected 1", m)
+	if m.failOpen != 5 || m.rejected != 1 || m.capFailOpen != 4 {
+		t.Fatalf("got %+v, want failOpen 5, rejected 1, capFailOpen 4", m)
 	}
 }
 
