@@ -210,6 +210,34 @@ pub fn repaired(actual: &Value, want: &Value) -> Value {
     out
 }
 
+/// The binding as the leader finds it. The leader never writes it: the install ships it
+/// (deploy/components/in-process, Helm inProcess.enabled) and the ServiceAccount may only read
+/// it, so that its matchResources bound what the policy the leader writes can act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingState {
+    /// No compiled policy is wanted: the binding does not matter.
+    NotWanted,
+    Ready,
+    Missing,
+    /// It exists with another spec; the fields that differ.
+    Differs(Vec<String>),
+}
+
+pub fn binding_state(want: Option<&Value>, actual: Option<&Value>) -> BindingState {
+    match (want, actual) {
+        (None, _) => BindingState::NotWanted,
+        (Some(_), None) => BindingState::Missing,
+        (Some(want), Some(actual)) => {
+            let drifted = drift(actual, want, false);
+            if drifted.is_empty() {
+                BindingState::Ready
+            } else {
+                BindingState::Differs(drifted)
+            }
+        }
+    }
+}
+
 /// Whether the live objects are the desired ones: the compiled policy is in force as this
 /// replica's policy set compiles it (the webhook then leaves those nodes to it).
 pub fn in_force(want: Option<&Desired>, policy: Option<&Value>, binding: Option<&Value>) -> bool {
@@ -348,10 +376,12 @@ mod tests {
                 actual["metadata"].get("resourceVersion")
             );
         }
-        // The binding: matchResources as the API server may default it is not drift.
+        // The binding: matchResources as the API server defaults it is not drift.
         let mut b = want.binding.clone();
-        b["spec"]["matchResources"] =
-            json!({"namespaceSelector": {}, "objectSelector": {}, "matchPolicy": "Equivalent"});
+        let mr = &mut b["spec"]["matchResources"];
+        mr["namespaceSelector"] = json!({});
+        mr["objectSelector"] = json!({});
+        mr.as_object_mut().unwrap().remove("matchPolicy");
         assert!(drift(&b, &want.binding, false).is_empty());
         b["spec"]["policyName"] = json!("other");
         assert_eq!(drift(&b, &want.binding, false), vec!["spec.policyName"]);
@@ -395,6 +425,72 @@ mod tests {
             assert_eq!(upkeep(w, a, true), expected, "{what}");
         }
         assert!(is_managed(&repaired(&unlabelled, &want)));
+    }
+
+    #[test]
+    fn binding_state_table() {
+        let want = desired(&set(STATIC), Path::InProcess, "ko")
+            .unwrap()
+            .binding;
+        let mut widened = want.clone();
+        widened["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("matchResources");
+        let mut other_policy = want.clone();
+        other_policy["spec"]["policyName"] = json!("someone-else");
+        let cases = [
+            ("not wanted, none", None, None, BindingState::NotWanted),
+            (
+                "not wanted, there",
+                None,
+                Some(&want),
+                BindingState::NotWanted,
+            ),
+            ("wanted, missing", Some(&want), None, BindingState::Missing),
+            (
+                "wanted, as compiled",
+                Some(&want),
+                Some(&want),
+                BindingState::Ready,
+            ),
+            (
+                "without matchResources (the policy alone would bound it)",
+                Some(&want),
+                Some(&widened),
+                BindingState::Differs(vec!["spec.matchResources".into()]),
+            ),
+            (
+                "binding another policy",
+                Some(&want),
+                Some(&other_policy),
+                BindingState::Differs(vec!["spec.policyName".into()]),
+            ),
+        ];
+        for (what, w, a, expected) in cases {
+            assert_eq!(binding_state(w, a), expected, "{what}");
+        }
+    }
+
+    /// The binding the install ships (deploy/components/in-process; the chart renders the same,
+    /// tests/deploy compares them) is the one the leader expects with the default name.
+    #[test]
+    fn the_shipped_binding_is_the_compiled_one() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/components/in-process/binding.yaml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let shipped: Value = serde_yaml::from_str(&text).unwrap();
+        let want = desired(&set(STATIC), Path::InProcess, "kube-overcommit").unwrap();
+        assert_eq!(
+            shipped["metadata"]["name"],
+            want.binding["metadata"]["name"]
+        );
+        assert_eq!(
+            binding_state(Some(&want.binding), Some(&shipped)),
+            BindingState::Ready
+        );
     }
 
     #[test]

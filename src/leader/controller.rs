@@ -22,7 +22,7 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 
 use super::certs::{self, CertError, CertInfo, Fingerprint};
-use super::compiled_policy::{self, Upkeep};
+use super::compiled_policy::{self, BindingState, Upkeep};
 use super::election::{Claim, NotLeader};
 use super::in_process::InProcessContext;
 use super::metrics::LeaderMetrics;
@@ -92,6 +92,8 @@ struct Compiled {
     /// On the webhook path: one left by an earlier run in in-process mode was looked for
     /// (once per term as leader).
     stale_checked: AtomicBool,
+    /// The binding as last logged (a change is logged once).
+    binding_state: std::sync::Mutex<Option<BindingState>>,
 }
 
 fn now() -> Timestamp {
@@ -111,6 +113,7 @@ impl Controller {
             policies: Api::all_with(client.clone(), &compiled_policy::policy_resource()),
             bindings: Api::all_with(client.clone(), &compiled_policy::binding_resource()),
             stale_checked: AtomicBool::new(false),
+            binding_state: std::sync::Mutex::new(None),
         };
         Self {
             compiled,
@@ -369,7 +372,7 @@ impl Controller {
         Ok(written.as_ref().map(bundle_fingerprints))
     }
 
-    /// Create, repair or delete the compiled policy and binding (`serve --mode`). A failure
+    /// Create, repair or delete the compiled policy, check its binding (`serve --mode`). A failure
     /// is logged and retried at the next tick without holding up the rest of the loop. On the
     /// webhook path, one left by an earlier run is looked for once per term (a cluster without
     /// the API, 404, or without the RBAC, 403, has none to delete).
@@ -401,6 +404,10 @@ impl Controller {
                 c.stale_checked.store(true, Ordering::Relaxed);
                 Ok(())
             }
+            Err(ControllerError::Kube(kube::Error::Api(s))) if s.code == 403 => {
+                tracing::warn!(error = %s.message, "could not keep the compiled admission policy: forbidden; --mode in-process|auto needs the grants of deploy/components/in-process (Helm inProcess.enabled); retrying");
+                Ok(())
+            }
             Err(e) => {
                 tracing::warn!(error = %e, path = c.context.path.as_str(), "could not keep the compiled admission policy; retrying");
                 Ok(())
@@ -408,37 +415,47 @@ impl Controller {
         }
     }
 
-    /// The policy before its binding when they are wanted, the binding first when not.
+    /// The policy is created, repaired or deleted; the binding is only read: the install ships
+    /// it and the ServiceAccount cannot write it (its matchResources bound what the policy can
+    /// act on, SECURITY.md).
     async fn keep_compiled(
         &self,
         want: Option<&compiled_policy::Desired>,
     ) -> Result<(), ControllerError> {
         let c = &self.compiled;
-        let policy = (&c.policies, want.map(|w| &w.policy), true);
-        let binding = (&c.bindings, want.map(|w| &w.binding), false);
-        let order = if want.is_some() {
-            [policy, binding]
-        } else {
-            [binding, policy]
+        self.keep_policy(want.map(|w| &w.policy)).await?;
+        let Some(want) = want else {
+            return Ok(());
         };
-        for (api, want, is_policy) in order {
-            self.keep_one(api, want, is_policy).await?;
+        let name = &self.s.webhook.config_name;
+        let actual = match c.bindings.get_opt(name).await? {
+            Some(o) => Some(serde_json::to_value(o).map_err(json_error)?),
+            None => None,
+        };
+        let state = compiled_policy::binding_state(Some(&want.binding), actual.as_ref());
+        let mut last = c.binding_state.lock().unwrap_or_else(|e| e.into_inner());
+        if last.as_ref() != Some(&state) {
+            match &state {
+                BindingState::Missing => {
+                    tracing::warn!(%name, "the MutatingAdmissionPolicyBinding of the compiled policy is missing: install it (deploy/components/in-process, Helm inProcess.enabled); until then the webhook serves every node")
+                }
+                BindingState::Differs(fields) => {
+                    tracing::warn!(%name, ?fields, "the MutatingAdmissionPolicyBinding of the compiled policy differs from the compiled one (`kube-overcommit compile-inprocess` prints it); until it is the same the webhook serves every node")
+                }
+                BindingState::Ready => {
+                    tracing::info!(%name, "the MutatingAdmissionPolicyBinding of the compiled policy is in place")
+                }
+                BindingState::NotWanted => {}
+            }
+            *last = Some(state);
         }
         Ok(())
     }
 
-    async fn keep_one(
-        &self,
-        api: &Api<DynamicObject>,
-        want: Option<&serde_json::Value>,
-        is_policy: bool,
-    ) -> Result<(), ControllerError> {
+    async fn keep_policy(&self, want: Option<&serde_json::Value>) -> Result<(), ControllerError> {
+        let api = &self.compiled.policies;
         let name = &self.s.webhook.config_name;
-        let object = if is_policy {
-            "mutating-admission-policy"
-        } else {
-            "mutating-admission-policy-binding"
-        };
+        let object = "mutating-admission-policy";
         let actual = match api.get_opt(name).await? {
             Some(o) => Some(serde_json::to_value(o).map_err(json_error)?),
             None => None,
@@ -446,7 +463,7 @@ impl Controller {
         let as_object =
             |v: serde_json::Value| serde_json::from_value::<DynamicObject>(v).map_err(json_error);
         match (
-            compiled_policy::upkeep(want, actual.as_ref(), is_policy),
+            compiled_policy::upkeep(want, actual.as_ref(), true),
             want,
             &actual,
         ) {
@@ -454,14 +471,14 @@ impl Controller {
                 self.claim.check()?;
                 api.create(&PostParams::default(), &as_object(want.clone())?)
                     .await?;
-                tracing::info!(%name, object, "created the compiled admission policy object");
+                tracing::info!(%name, object, "created the compiled admission policy");
                 self.metrics.repair(object, "created");
             }
             (Upkeep::Repair(drifted), Some(want), Some(actual)) => {
                 self.claim.check()?;
                 let repaired = as_object(compiled_policy::repaired(actual, want))?;
                 api.replace(name, &PostParams::default(), &repaired).await?;
-                tracing::info!(%name, object, fields = ?drifted, "repaired the compiled admission policy object");
+                tracing::info!(%name, object, fields = ?drifted, "repaired the compiled admission policy");
                 self.metrics.repair(object, "repaired");
             }
             (Upkeep::Delete, _, Some(actual)) => {
@@ -475,7 +492,7 @@ impl Controller {
                     ..DeleteParams::default()
                 };
                 api.delete(name, &params).await?;
-                tracing::info!(%name, object, "deleted the compiled admission policy object");
+                tracing::info!(%name, object, "deleted the compiled admission policy");
                 self.metrics.repair(object, "deleted");
             }
             _ => {}

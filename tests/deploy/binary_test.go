@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -58,10 +61,12 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// deploy/ with components/request-cap, without the Deployment and its PDB: the replicas are
-	// local processes here, run with --request-cap (the component's flag), so the pod watch and
-	// the ValidatingWebhookConfiguration are done under the component's grants and the guard.
-	b, err := Kustomize(root, "tests/deploy/testdata/request-cap")
+	// deploy/ with components/request-cap and components/in-process, without the Deployment and
+	// its PDB: the replicas are local processes here, run with the flags the components add to
+	// the Deployment (--request-cap, --mode=in-process), so the pod watch, the
+	// ValidatingWebhookConfiguration and the compiled MutatingAdmissionPolicy are written under
+	// the components' grants and the guards.
+	b, err := Kustomize(root, "tests/deploy/testdata/components")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,10 +75,23 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	var objs []*unstructured.Unstructured
+	var componentFlags []string
 	for _, o := range all {
 		if o.GetKind() != "Deployment" && o.GetKind() != "PodDisruptionBudget" {
 			objs = append(objs, o)
+			continue
 		}
+		if o.GetKind() == "Deployment" {
+			d := convert[appsv1.Deployment](t, o)
+			for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+				if a == "--request-cap" || strings.HasPrefix(a, "--mode") {
+					componentFlags = append(componentFlags, a)
+				}
+			}
+		}
+	}
+	if !slices.Equal(componentFlags, []string{"--request-cap", "--mode=in-process"}) {
+		t.Fatalf("the components add %v to the Deployment, want --request-cap --mode=in-process", componentFlags)
 	}
 	// What the leader creates, removed after the test (the namespace takes the rest).
 	mwc := &unstructured.Unstructured{}
@@ -92,10 +110,19 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 			"nodeRatios":   map[string]any{"cpu": "2"},
 		},
 	}}
+	// In-process mode: the compiled policy and its binding.
+	compiled := func(kind string) *unstructured.Unstructured {
+		o := &unstructured.Unstructured{}
+		o.SetAPIVersion("admissionregistration.k8s.io/v1")
+		o.SetKind(kind)
+		o.SetName("kube-overcommit")
+		return o
+	}
+	mapBinding, mapPolicy := compiled("MutatingAdmissionPolicyBinding"), compiled("MutatingAdmissionPolicy")
 	t.Cleanup(func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer dcancel()
-		if err := ap.Delete(dctx, append([]*unstructured.Unstructured{policy, mwc, vwc}, objs...)); err != nil {
+		if err := ap.Delete(dctx, append([]*unstructured.Unstructured{policy, mapBinding, mapPolicy, mwc, vwc}, objs...)); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
@@ -142,9 +169,10 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		}
 		r.addr, r.probe = freeAddr(t), freeAddr(t)
 		r.cmd = exec.Command(bin, "serve", "--listen="+r.addr, "--probe-listen="+r.probe,
-			"--tls-dir="+tlsDir, "--shutdown-grace=5s", "--request-cap",
+			"--tls-dir="+tlsDir, "--shutdown-grace=5s",
 			// Exit with the test process, even if it is killed (a CI timeout).
 			fmt.Sprintf("--exit-with-pid=%d", os.Getpid()))
+		r.cmd.Args = append(r.cmd.Args, componentFlags...)
 		r.cmd.Env = append(os.Environ(), "KUBECONFIG="+saKubeconfig, "POD_NAME="+r.name, "POD_NAMESPACE="+ns,
 			"RUST_LOG=info,kube_client=warn,kube_runtime=warn")
 		r.cmd.Stdout, r.cmd.Stderr = r.log, r.log
@@ -274,6 +302,55 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		t.Errorf("node %s never inflated by policy (the fake node writes its status at least every 2 s): %s", node, last)
 	}
 	t.Logf("node %s: %s", node, last)
+
+	// In-process mode (--mode in-process): the leader, as the ServiceAccount, created the
+	// compiled policy under the component's grants (a refusal would be logged, checked below)
+	// and found the binding the component ships equal to the one it compiles ("in place").
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		ar := client.AdmissionregistrationV1()
+		p, err := ar.MutatingAdmissionPolicies().Get(ctx, "kube-overcommit", metav1.GetOptions{})
+		if err != nil {
+			last = fmt.Sprintf("policy: %v", err)
+			return false, nil
+		}
+		b, err := ar.MutatingAdmissionPolicyBindings().Get(ctx, "kube-overcommit", metav1.GetOptions{})
+		if err != nil {
+			last = fmt.Sprintf("binding: %v", err)
+			return false, nil
+		}
+		if p.Labels["app.kubernetes.io/managed-by"] != "kube-overcommit" || b.Spec.PolicyName != "kube-overcommit" ||
+			p.Spec.MatchConstraints == nil || len(p.Spec.MatchConstraints.ResourceRules) != 2 ||
+			!strings.Contains(grepLines(replicas[0].log.String()+replicas[1].log.String(), "MutatingAdmissionPolicyBinding"), "is in place") {
+			last = fmt.Sprintf("policy %+v, binding %+v", p.Spec.MatchConstraints, b.Spec)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Errorf("the leader did not create the compiled MutatingAdmissionPolicy under the component's grants, or the binding is not the shipped one: %s", last)
+	}
+	// With the component, the ServiceAccount writes the policy and only reads its binding.
+	user := "system:serviceaccount:" + ns + ":kube-overcommit"
+	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+	for _, c := range []struct {
+		allowed        bool
+		verb, resource string
+		name           string
+	}{
+		{true, "create", "mutatingadmissionpolicies", ""},
+		{true, "update", "mutatingadmissionpolicies", "kube-overcommit"},
+		{false, "update", "mutatingadmissionpolicies", "someone-else"},
+		{true, "get", "mutatingadmissionpolicybindings", "kube-overcommit"},
+		{false, "create", "mutatingadmissionpolicybindings", ""},
+		{false, "update", "mutatingadmissionpolicybindings", "kube-overcommit"},
+		{false, "patch", "mutatingadmissionpolicybindings", "kube-overcommit"},
+		{false, "delete", "mutatingadmissionpolicybindings", "kube-overcommit"},
+	} {
+		attrs := authorizationv1.ResourceAttributes{Verb: c.verb, Group: "admissionregistration.k8s.io", Resource: c.resource, Name: c.name}
+		if allowed, reason := accessAllowed(t, ctx, client, user, groups, attrs); allowed != c.allowed {
+			t.Errorf("with components/in-process: %s %s %q allowed=%v, want %v (%s)", c.verb, c.resource, c.name, allowed, c.allowed, reason)
+		}
+	}
 
 	// The leader's node metadata watch works under the ServiceAccount (list, watch nodes): its
 	// /metrics has the node's raw cpu, the other replica's has none.
@@ -590,11 +667,16 @@ func TestClusterBinaryAcceptsManifestFlags(t *testing.T) {
 		"--set", "webhook.timeoutSeconds=3", "--set", "certificates.caValidity=8760h", "--set", "certificates.leafValidity=72h",
 		"--set", "certificates.checkInterval=10s", "--set", "certificates.propagationDelay=3m",
 		"--set", "leaderElection.leaseDuration=20s", "--set", "leaderElection.renewPeriod=4s",
-		"--set", "extraArgs={--idle-timeout=60s}")
+		"--set", "extraArgs={--idle-timeout=60s}", "--set", "requestCap.enabled=true", "--set", "inProcess.enabled=true")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, stream := range map[string][]byte{"kustomize": kz, "helm": hm} {
+	// deploy/ with the optional components' flags (--request-cap, --mode=in-process).
+	kc, err := Kustomize(root, "tests/deploy/testdata/components")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, stream := range map[string][]byte{"kustomize": kz, "kustomize-components": kc, "helm": hm} {
 		objs, err := Parse(stream)
 		if err != nil {
 			t.Fatal(err)

@@ -34,7 +34,13 @@ type renderings struct {
 	production []*unstructured.Unstructured // deploy/overlays/production (all components)
 	helm       []*unstructured.Unstructured // chart, default values
 	helmAll    []*unstructured.Unstructured // chart, every optional object on
+	// In-process mode (Kubernetes 1.36+, so not in production/helmAll): deploy/ with
+	// components/request-cap and components/in-process, and the chart with both turned on.
+	inProcess     []*unstructured.Unstructured
+	helmInProcess []*unstructured.Unstructured
 }
+
+var helmInProcessArgs = []string{"--set", "requestCap.enabled=true", "--set", "inProcess.enabled=true"}
 
 // helmAllArgs turns on every optional object of the chart, matching deploy/overlays/production
 // (plus the default policy, which kustomize ships as deploy/examples instead).
@@ -80,6 +86,10 @@ func render(t *testing.T) *renderings {
 	r.helm = load("helm template (defaults)", b, err)
 	b, err = HelmTemplate(root, helm, ns, helmAllArgs...)
 	r.helmAll = load("helm template (all optional objects)", b, err)
+	b, err = Kustomize(root, "tests/deploy/testdata/components")
+	r.inProcess = load("kustomize deploy/ + request-cap + in-process", b, err)
+	b, err = HelmTemplate(root, helm, ns, helmInProcessArgs...)
+	r.helmInProcess = load("helm template (requestCap, inProcess)", b, err)
 	return r
 }
 
@@ -139,6 +149,34 @@ func TestStaticInstallContainsEverything(t *testing.T) {
 	}
 	if got := keys(r.production); !reflect.DeepEqual(got, sorted(append(slices.Clone(want), optional...))) {
 		t.Errorf("deploy/overlays/production renders %v", got)
+	}
+	inProcess := []string{
+		"ClusterRole//kube-overcommit-in-process",
+		"ClusterRoleBinding//kube-overcommit-in-process",
+		"MutatingAdmissionPolicyBinding//kube-overcommit",
+	}
+	if got := keys(r.inProcess); !reflect.DeepEqual(got, sorted(append(slices.Clone(want), inProcess...))) {
+		t.Errorf("deploy/ with components/in-process renders %v", got)
+	}
+}
+
+// components/in-process and the chart's inProcess.enabled install the same objects with the
+// same specs: the ClusterRole, its binding, and the MutatingAdmissionPolicyBinding (which the
+// leader expects exactly as compiled: src/leader/compiled_policy.rs compares it).
+func TestStaticInProcessHelmMatchesKustomize(t *testing.T) {
+	r := render(t)
+	for _, key := range [][2]string{{"ClusterRole", "kube-overcommit-in-process"}, {"ClusterRoleBinding", "kube-overcommit-in-process"},
+		{"MutatingAdmissionPolicyBinding", "kube-overcommit"}} {
+		k := mustFind(t, r.inProcess, key[0], key[1])
+		h := mustFind(t, r.helmInProcess, key[0], key[1])
+		for _, field := range []string{"spec", "rules", "roleRef", "subjects"} {
+			if a, b := k.Object[field], h.Object[field]; !reflect.DeepEqual(a, b) {
+				t.Errorf("%s: %s differs (kustomize vs helm): %s", Key(k), field, firstDifference(a, b))
+			}
+		}
+	}
+	if got, want := keys(r.helmInProcess), keys(r.helm); len(got) != len(want)+3 {
+		t.Errorf("inProcess.enabled (and requestCap.enabled) add %v to %v, want the three objects above", got, want)
 	}
 }
 
@@ -232,6 +270,32 @@ func TestStaticRequestCapFlag(t *testing.T) {
 		args := d.Spec.Template.Spec.Containers[0].Args
 		if got := slices.Contains(args, "--request-cap"); got != want {
 			t.Errorf("%s: --request-cap in the args %v, want %v (%v)", name, got, want, args)
+		}
+	}
+}
+
+// In-process mode is off unless turned on (components/in-process, inProcess.enabled): the
+// container gets --mode=in-process exactly then, and no other --mode.
+func TestStaticInProcessFlag(t *testing.T) {
+	r := render(t)
+	for name, want := range map[string]bool{"kustomize": false, "helm": false, "production": false, "helm-all": false,
+		"in-process": true, "helm-in-process": true} {
+		objs := map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm, "production": r.production,
+			"helm-all": r.helmAll, "in-process": r.inProcess, "helm-in-process": r.helmInProcess}[name]
+		d := convert[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "kube-overcommit"))
+		args := d.Spec.Template.Spec.Containers[0].Args
+		var modes []string
+		for _, a := range args {
+			if a == "--mode" || strings.HasPrefix(a, "--mode=") {
+				modes = append(modes, a)
+			}
+		}
+		wantModes := []string(nil)
+		if want {
+			wantModes = []string{"--mode=in-process"}
+		}
+		if !slices.Equal(modes, wantModes) {
+			t.Errorf("%s: --mode flags %v in the args %v, want %v", name, modes, args, wantModes)
 		}
 	}
 }
@@ -527,7 +591,7 @@ func equalMaps(sub, super map[string]string, _ map[string]string) bool {
 func TestStaticRBACLeastPrivilege(t *testing.T) {
 	r := render(t)
 	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm,
-		"production": r.production, "helm-all": r.helmAll} {
+		"production": r.production, "helm-all": r.helmAll, "in-process": r.inProcess, "helm-in-process": r.helmInProcess} {
 		t.Run(name, func(t *testing.T) {
 			role := convert[rbacv1.Role](t, mustFind(t, objs, "Role", "kube-overcommit"))
 			cr := convert[rbacv1.ClusterRole](t, mustFind(t, objs, "ClusterRole", "kube-overcommit"))
@@ -551,12 +615,19 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 				allowed[grant{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "kube-overcommit", v}] = true
 			}
 			allowed[grant{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "create"}] = true
-			// serve --mode in-process|auto: the compiled MutatingAdmissionPolicy and binding.
-			for _, res := range []string{"mutatingadmissionpolicies", "mutatingadmissionpolicybindings"} {
-				for _, v := range []string{"get", "list", "watch", "update", "patch", "delete"} {
-					allowed[grant{"admissionregistration.k8s.io", res, "kube-overcommit", v}] = true
-				}
-				allowed[grant{"admissionregistration.k8s.io", res, "", "create"}] = true
+			// In-process mode: every install reads the compiled policy and its binding and may
+			// delete the policy (cleanup after a switch back to webhook); only with
+			// components/in-process may it create and update the policy. The binding is never
+			// written by the ServiceAccount (the install ships it).
+			inProcess := name == "in-process" || name == "helm-in-process"
+			for _, v := range []string{"get", "list", "watch"} {
+				allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", v}] = true
+				allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicybindings", "kube-overcommit", v}] = true
+			}
+			allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", "delete"}] = true
+			if inProcess {
+				allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", "update"}] = true
+				allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicies", "", "create"}] = true
 			}
 			for _, v := range []string{"list", "watch"} {
 				allowed[grant{"overcommit.dev", "overcommitpolicies", "", v}] = true
@@ -566,8 +637,20 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 			// The request cap reads a pod its watch has not shown yet (one GET per such binding).
 			allowed[grant{"", "pods", "", "get"}] = true
 			allowed[grant{"metrics.k8s.io", "nodes", "", "list"}] = true
+			rules := append(slices.Clone(role.Rules), cr.Rules...)
+			if ip := Find(objs, "ClusterRole", "kube-overcommit-in-process"); ip != nil {
+				if !inProcess {
+					t.Errorf("ClusterRole kube-overcommit-in-process rendered without in-process mode")
+				}
+				rules = append(rules, convert[rbacv1.ClusterRole](t, ip).Rules...)
+				b := convert[rbacv1.ClusterRoleBinding](t, mustFind(t, objs, "ClusterRoleBinding", "kube-overcommit-in-process"))
+				if b.RoleRef.Name != "kube-overcommit-in-process" || len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" ||
+					b.Subjects[0].Name != "kube-overcommit" || b.Subjects[0].Namespace != "kube-overcommit" {
+					t.Errorf("ClusterRoleBinding kube-overcommit-in-process: %+v %+v", b.RoleRef, b.Subjects)
+				}
+			}
 			seen := map[grant]bool{}
-			for _, rule := range append(slices.Clone(role.Rules), cr.Rules...) {
+			for _, rule := range rules {
 				if len(rule.NonResourceURLs) > 0 {
 					t.Errorf("non-resource URLs granted: %v", rule.NonResourceURLs)
 				}

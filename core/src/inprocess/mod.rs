@@ -240,13 +240,7 @@ pub fn compile(policies: &PolicySet) -> Compiled {
         "spec": {
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
-            "matchConstraints": {
-                "matchPolicy": "Equivalent",
-                "resourceRules": [
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes/status"], "scope": "Cluster"},
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["nodes"], "scope": "Cluster"},
-                ],
-            },
+            "matchConstraints": node_writes(),
             "matchConditions": [{"name": MATCH_CONDITION.0, "expression": MATCH_CONDITION.1}],
             "variables": variables,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch_expression()}}],
@@ -256,7 +250,10 @@ pub fn compile(policies: &PolicySet) -> Compiled {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicyBinding",
         "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/managed-by": "kube-overcommit"}},
-        "spec": {"policyName": POLICY_NAME},
+        // The binding's matchResources bound what the policy can ever act on, whatever its
+        // matchConstraints say: the binding is installed by the operator and the
+        // ServiceAccount cannot write it (SECURITY.md).
+        "spec": {"policyName": POLICY_NAME, "matchResources": node_writes()},
     });
     Compiled {
         policy,
@@ -264,6 +261,17 @@ pub fn compile(policies: &PolicySet) -> Compiled {
         in_process,
         webhook,
     }
+}
+
+/// What the compiled policy acts on: node registrations and node status writes.
+fn node_writes() -> Value {
+    json!({
+        "matchPolicy": "Equivalent",
+        "resourceRules": [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes/status"], "scope": "Cluster"},
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["nodes"], "scope": "Cluster"},
+        ],
+    })
 }
 
 /// A CEL string literal.

@@ -92,6 +92,11 @@ fn the_compiled_objects_match_what_the_node_webhook_matches_and_fail_open() {
     assert_eq!(spec["mutations"][0]["patchType"], "JSONPatch");
     assert_eq!(compiled.binding["spec"]["policyName"], POLICY_NAME);
     assert_eq!(compiled.policy["metadata"]["name"], POLICY_NAME);
+    // The binding bounds the policy to the same node writes.
+    assert_eq!(
+        compiled.binding["spec"]["matchResources"],
+        spec["matchConstraints"]
+    );
 }
 
 #[test]

@@ -1,9 +1,10 @@
 package e2e
 
 // Issue 18, `serve --mode in-process`, on the real API server: replicas started with it keep
-// the static policies compiled into a MutatingAdmissionPolicy and binding named like the
-// webhook configuration (created by the leader), rebuild them within seconds of a policy edit,
-// repair a hand edit, and delete them when no static policy remains. A node status write is
+// the static policies compiled into a MutatingAdmissionPolicy named like the webhook
+// configuration (created by the leader; the binding is the install's, applied here from
+// deploy/components/in-process), rebuild it within seconds of a policy edit, repair a hand edit,
+// and delete it when no static policy remains. A node status write is
 // inflated by the API server while the webhook's node rule patches nothing (its "patched"
 // counter stays where it was), with the same result as the webhook's rule (`review`).
 
@@ -47,6 +48,14 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	policies, bindings := dyn.Resource(mapGVR), dyn.Resource(mabGVR)
+	// The binding is the install's (deploy/components/in-process), never the leader's.
+	shipped, err := install.InProcessBinding(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bindings.Create(ctx, shipped, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	get := func() (*unstructured.Unstructured, *unstructured.Unstructured, error) {
 		p, err := policies.Get(ctx, ns, metav1.GetOptions{})
 		if err != nil {
@@ -65,14 +74,14 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 		return ""
 	}
 
-	// 1. The leader creates both, labelled, the binding naming the policy.
+	// 1. The leader creates the policy, labelled, the one the shipped binding names.
 	repairedWithin(t, "compiled policy created", 30*time.Second, func() error {
 		p, b, err := get()
 		if err != nil {
 			return err
 		}
-		if p.GetLabels()["app.kubernetes.io/managed-by"] != "kube-overcommit" || b.GetLabels()["app.kubernetes.io/managed-by"] != "kube-overcommit" {
-			return fmt.Errorf("labels %v %v", p.GetLabels(), b.GetLabels())
+		if p.GetLabels()["app.kubernetes.io/managed-by"] != "kube-overcommit" {
+			return fmt.Errorf("labels %v", p.GetLabels())
 		}
 		if name, _, _ := unstructured.NestedString(b.Object, "spec", "policyName"); name != ns {
 			return fmt.Errorf("binding policyName %q", name)
@@ -179,17 +188,16 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 		t.Fatalf("compiled policy replaced %v then %v times, want 2 (policy edit, hand edit): drift taken where there is none", first, n)
 	}
 
-	// 5. No static policy left (a usage policy only): both are deleted, and the webhook
-	// serves the node again.
+	// 5. No static policy left (a usage policy only): the policy is deleted (the binding, the
+	// install's, stays), and the webhook serves the node again.
 	writeFile(t, rs.policy, strings.Replace(edited, "  nodeRatios:\n", "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n  nodeRatios:\n", 1))
 	repairedWithin(t, "compiled policy deleted", 15*time.Second, func() error {
 		_, err := policies.Get(ctx, ns, metav1.GetOptions{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("policy still there: %v", err)
 		}
-		_, err = bindings.Get(ctx, ns, metav1.GetOptions{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("binding still there: %v", err)
+		if _, err = bindings.Get(ctx, ns, metav1.GetOptions{}); err != nil {
+			return fmt.Errorf("the install's binding is gone: %v", err)
 		}
 		return nil
 	})

@@ -1,0 +1,34 @@
+package install
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// InProcessBinding is the MutatingAdmissionPolicyBinding deploy/components/in-process ships
+// (the leader never writes it: it only reads it and steps back once it equals the compiled one),
+// renamed for a leader started with --webhook-config-name=name: its name and policyName.
+func InProcessBinding(name string) (*unstructured.Unstructured, error) {
+	path := filepath.Join(RepoRoot(), "deploy", "components", "in-process", "binding.yaml")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var obj map[string]any
+	if err := yaml.Unmarshal(b, &obj); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	if u.GetKind() != "MutatingAdmissionPolicyBinding" {
+		return nil, fmt.Errorf("%s: kind %q", path, u.GetKind())
+	}
+	u.SetName(name)
+	if err := unstructured.SetNestedField(u.Object, name, "spec", "policyName"); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
