@@ -4,7 +4,8 @@
 //!
 //! Start: metrics, readiness, certificate (read once before listening), policy source,
 //! webhook port, probe port, leader. Shutdown on SIGTERM/SIGINT: `/readyz` fails at once, new
-//! connections are still accepted for `--shutdown-delay` (while endpoints update), then the
+//! connections are still accepted for `--shutdown-delay` (while endpoints update; every HTTP/1.1
+//! response then says `Connection: close`, so clients retire keep-alive connections), then the
 //! listener closes and open connections drain (requests in flight finish; HTTP/1.1 gets
 //! `Connection: close`, HTTP/2 a GOAWAY); background tasks stop; the process exits within
 //! `--shutdown-grace` whatever happens. A second signal exits at once.
@@ -51,7 +52,8 @@ pub struct ServeArgs {
     pub namespace: Option<String>,
 
     /// After SIGTERM, keep accepting new connections this long (while the Service's endpoints
-    /// drop this replica) before draining. Counts against --shutdown-grace.
+    /// drop this replica) before draining, answering HTTP/1.1 requests with `Connection: close`
+    /// so that clients retire their keep-alive connections. Counts against --shutdown-grace.
     #[arg(long, env = "KUBE_OVERCOMMIT_SHUTDOWN_DELAY", default_value = "0s", value_parser = duration_arg)]
     pub shutdown_delay: Duration,
 
@@ -483,7 +485,8 @@ async fn shut_down(
 ) {
     let started = Instant::now();
     running.not_shutting_down.set(false);
-    tracing::info!(signal = which, grace = ?args.shutdown_grace, "shutting down: not ready");
+    trigger.retire();
+    tracing::info!(signal = which, grace = ?args.shutdown_grace, "shutting down: not ready, retiring keep-alive connections");
     signals.exit_on_next();
     let grace_left = || args.shutdown_grace.saturating_sub(started.elapsed());
     tokio::time::sleep(args.shutdown_delay.min(grace_left())).await;

@@ -1,6 +1,10 @@
-//! The one shutdown signal of `serve`, in two ordered stages (in the spirit of kubert's
+//! The one shutdown signal of `serve`, in ordered stages (in the spirit of kubert's
 //! `shutdown` + `drain::Watch`):
 //!
+//! 0. **retire** (during `--shutdown-delay`): connections are still accepted and served, but
+//!    every HTTP/1.1 response says `Connection: close`, so the client retires each keep-alive
+//!    connection after its next request instead of having it closed under a request it is
+//!    sending when the drain comes (the API server does not retry a webhook POST on EOF);
 //! 1. **drain**: listeners stop accepting, open connections finish their requests and close;
 //! 2. **stop**: background tasks (reloaders, policy sources, the probe port, the leader) end.
 //!
@@ -12,6 +16,7 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Stage {
     Running,
+    Retiring,
     Draining,
     Stopped,
 }
@@ -35,6 +40,11 @@ pub fn channel() -> (Trigger, Signal) {
 }
 
 impl Trigger {
+    /// Stage 0: keep serving, but ask HTTP/1.1 clients to close after each response.
+    pub fn retire(&self) {
+        self.advance(Stage::Retiring);
+    }
+
     /// Stage 1: stop accepting, let connections finish.
     pub fn drain(&self) {
         self.advance(Stage::Draining);
@@ -64,6 +74,11 @@ impl Signal {
     /// Resolves once background tasks must stop (or the trigger is gone).
     pub async fn stopped(&self) {
         self.reached(Stage::Stopped).await;
+    }
+
+    /// Whether responses should ask the client to close the connection (retiring or later).
+    pub fn is_retiring(&self) -> bool {
+        *self.rx.borrow() >= Stage::Retiring
     }
 
     /// Whether stop has been signalled (or the trigger is gone).
@@ -96,6 +111,10 @@ mod tests {
         let other = signal.clone();
         assert!(!resolves(signal.drained()).await);
         assert!(!resolves(signal.stopped()).await);
+        assert!(!signal.is_retiring());
+        trigger.retire();
+        assert!(signal.is_retiring());
+        assert!(!resolves(other.drained()).await);
         trigger.drain();
         assert!(resolves(other.drained()).await);
         assert!(!resolves(other.stopped()).await);

@@ -656,6 +656,68 @@ async fn sigterm_unready_at_once_finishes_in_flight_and_exits() {
     assert!(signalled.elapsed() < Duration::from_secs(10));
 }
 
+/// During --shutdown-delay the replica still serves, but retires HTTP/1.1 keep-alive
+/// connections: each response says `Connection: close` and the connection ends after it, so a
+/// client's next request goes on a new connection (to another replica, once the endpoints have
+/// moved) instead of racing the drain's close of an idle connection (an EOF the API server does
+/// not retry for a webhook POST).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_the_shutdown_delay_keepalive_connections_are_retired() {
+    let (pki, leaf) = leaf_pair();
+    let mut w = Webhook::start(&leaf, &["--shutdown-grace=20s", "--shutdown-delay=4s"]);
+    w.wait_ready().await;
+    let cfg = || client_config(pki.ca_der(), &all_versions(), &[b"http/1.1"]);
+    let request = |uid: &str| {
+        let body = serde_json::to_vec(&node_review(uid, "4")).expect("json");
+        [
+            format!("POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes(),
+            body,
+        ]
+        .concat()
+    };
+    let closes = |head: &str| head.to_ascii_lowercase().contains("connection: close");
+
+    // Before the signal: keep-alive.
+    let mut conn = tls_connect(w.webhook, cfg()).await.expect("tls");
+    conn.write_all(&request("before")).await.expect("write");
+    let r = read_response(&mut conn).await.expect("response");
+    assert_eq!(r.status, 200);
+    assert!(!closes(&r.head), "{}", r.head);
+
+    let signalled = Instant::now();
+    w.signal("TERM");
+    assert!(
+        wait_until(Duration::from_secs(2), || async {
+            w.probe("/readyz").await.0 == 503
+        })
+        .await
+    );
+    // Within the delay: the same connection is served once more, told to close, and closed.
+    conn.write_all(&request("retiring")).await.expect("write");
+    let r = read_response(&mut conn).await.expect("response while retiring");
+    assert_eq!(r.status, 200);
+    assert!(closes(&r.head), "{}", r.head);
+    assert!(
+        closed_within(&mut conn, Duration::from_secs(2)).await,
+        "the retired connection was not closed after its response"
+    );
+    // A new connection within the delay is still accepted, and retired the same way.
+    let mut late = tls_connect(w.webhook, cfg()).await.expect("tls within the delay");
+    late.write_all(&request("late")).await.expect("write");
+    let r = read_response(&mut late).await.expect("response");
+    assert_eq!(r.status, 200);
+    assert!(closes(&r.head), "{}", r.head);
+    assert!(
+        signalled.elapsed() < Duration::from_secs(4),
+        "the checks above must run within the delay: {:?}",
+        signalled.elapsed()
+    );
+    let status = wait_exit(&mut w, Duration::from_secs(15))
+        .await
+        .expect("exited within grace");
+    assert!(status.success(), "{status:?}\n{}", w.logs());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grace_period_bounds_shutdown_and_second_signal_aborts() {
     let (pki, leaf) = leaf_pair();

@@ -108,15 +108,26 @@ impl<H: Handler> Connection<H> {
         };
         let handler = self.handler.clone();
         let act = activity.clone();
+        let shutdown = self.shutdown.clone();
         let service = hyper::service::service_fn(move |req| {
             let handler = handler.clone();
             let act = act.clone();
             let budget = budget.clone();
+            let shutdown = shutdown.clone();
             async move {
                 act.in_flight.fetch_add(1, Ordering::Relaxed);
                 act.headers_since_ms.store(0, Ordering::Relaxed);
                 let _guard = InFlight(&act);
-                Ok::<_, std::convert::Infallible>(handler.handle(req, budget).await)
+                let mut response = handler.handle(req, budget).await;
+                // Shutting down: the client retires this connection after this response
+                // (HTTP/1.1; hyper closes it once sent) rather than racing the drain.
+                if !is_h2 && shutdown.is_retiring() {
+                    response.headers_mut().insert(
+                        hyper::header::CONNECTION,
+                        hyper::header::HeaderValue::from_static("close"),
+                    );
+                }
+                Ok::<_, std::convert::Infallible>(response)
             }
         });
         let io = TokioIo::new(Watched {
