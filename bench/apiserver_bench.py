@@ -5,7 +5,11 @@ status differs, else every 5 min), measures with the webhook registered and with
   - the latency of a nodes/status strategic-merge PATCH (the kubelet's write) of a real-sized
     Node, from a client on this machine, sequential, keep-alive;
   - Node writes that reach etcd: MODIFIED events of a watch on the fake nodes, per node per minute;
-  - the API server's own view of the webhook call (apiserver_admission_webhook_admission_duration_seconds).
+  - the API server's own view of the webhook call (apiserver_admission_webhook_admission_duration_seconds);
+  - the control plane's CPU (one process here: API server and embedded etcd, its
+    process_cpu_seconds_total) per nodes/status PATCH it served (apiserver_request_total).
+Phases: no overcommit; in-process (the bench policy compiled by `kube-overcommit compile-inprocess`
+into a MutatingAdmissionPolicy and binding, no webhook); each webhook.
 kube-overcommit runs as a local process behind a Service through `kcp.sh backend` (the cluster's
 service resolver), with failurePolicy Ignore and timeoutSeconds 2 as the product deploys it.
 """
@@ -27,8 +31,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from common import (KCP, KUBELET_UPDATE_S, OUT, PHASES, QUIET_PHASE, REPORT_FREQUENCY_S, ROOT, Server, apiserver_markdown,
-                    make_servers, payload_path, quantity, wait_for, wait_ready)
+from common import (HERE, INPROCESS_PHASE, KCP, KUBELET_UPDATE_S, OUT, PHASES, QUIET_PHASE, REPORT_FREQUENCY_S, ROOT, Server,
+                    apiserver_markdown, make_servers, payload_path, quantity, wait_for, wait_ready)
 
 NAMESPACE = "overcommit-bench"
 SERVICE = "kube-overcommit-bench"
@@ -153,6 +157,42 @@ def webhook_off(api: Api, addr: str, port: int) -> None:
     kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found")
     subprocess.run([str(KCP), "backend", "remove", "--namespace", NAMESPACE, "--service", SERVICE, "--port", str(port), "--addr", addr],
                    check=False)
+
+
+def inprocess_on(binary: Path) -> None:
+    """The bench policy compiled into a MutatingAdmissionPolicy + binding (what `serve --mode
+    in-process` keeps), named like the bench's webhook. Its matchConditions (kubelet writes and
+    registrations only) are dropped, as the bench's webhook configuration has none, so that the
+    probe PATCHes of this client are mutated in every phase alike."""
+    out = subprocess.run([str(binary), "compile-inprocess", "--policy-file", str(HERE / "policy.yaml")],
+                         capture_output=True, text=True, check=True).stdout
+    items = json.loads(out)["items"]
+    for item in items:
+        item["metadata"]["name"] = WEBHOOK
+        if item["kind"] == "MutatingAdmissionPolicy":
+            item["spec"].pop("matchConditions", None)
+        else:
+            item["spec"]["policyName"] = WEBHOOK
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+
+
+def inprocess_off() -> None:
+    kubectl("delete", "mutatingadmissionpolicybinding", WEBHOOK, "--ignore-not-found")
+    kubectl("delete", "mutatingadmissionpolicy", WEBHOOK, "--ignore-not-found")
+
+
+def control_plane_counters(api: Api) -> dict:
+    """The control plane process's CPU seconds and the nodes/status PATCHes its API server served."""
+    status, body = api.request("GET", "/metrics")
+    out = {"cpu_s": 0.0, "status_patches": 0}
+    for line in body.decode().splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            out["cpu_s"] = float(line.rsplit(" ", 1)[1])
+        elif (line.startswith("apiserver_request_total{") and 'resource="nodes"' in line and 'subresource="status"' in line
+              and 'verb="PATCH"' in line):
+            out["status_patches"] += int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
 def product_reviews(server: Server) -> int | None:
@@ -313,6 +353,7 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
             wait_ready(s, tls, _payload("node-55k").read_bytes(), "node-55k")
         for name, a in addr.items():
             webhook_off(api, a, phase_port(name))
+        inprocess_off()
         node = create_probe_node(api)
         raw = node["status"]["allocatable"]
         log(f"starting {nodes} fake kubelets (50 images each)")
@@ -331,8 +372,14 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
         for phase in PHASES:
             for name, a in addr.items():
                 webhook_off(api, a, phase_port(name))
+            inprocess_off()
             server = servers.get(phase)
-            if server:
+            if phase == INPROCESS_PHASE:
+                inprocess_on(bins["kube-overcommit"])
+                wait_for("the compiled policy to be in force", lambda: patch_latencies(api, raw, 1)["mutated"] == 1,
+                         timeout=60, interval=1)
+                wait_for("every fleet node inflated", lambda: fleet_inflated(api), timeout=REPORT_FREQUENCY_S * 3, interval=poll_s)
+            elif server:
                 webhook_on(api, tls, addr[phase], server.paths["node"], phase_port(phase))
                 # Wait until the API server calls the webhook: a probe PATCH comes back mutated.
                 wait_for("the webhook to be called", lambda: patch_latencies(api, raw, 1)["mutated"] == 1, timeout=60, interval=1)
@@ -343,12 +390,14 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
                 # Back to the kubelet's value (the annotations of an earlier phase stay, unused).
                 wait_for("the webhook to be gone", lambda: patch_latencies(api, raw, 1)["mutated"] == 0, timeout=60, interval=1)
             m0 = webhook_metrics(api)
+            cp0 = control_plane_counters(api)
             cpu0 = server.cpu_seconds() if server else 0.0
             reviews0 = product_reviews(server) if server else None
             log(f"webhook {phase}: {probes} status PATCHes, then {window}s of watching the fleet's writes")
             lat = patch_latencies(api, raw, probes)
             writes = node_writes(api, nodes, window)
             m1 = webhook_metrics(api)
+            cp1 = control_plane_counters(api)
             calls = m1["count"] - m0["count"]
             if reviews0 is not None:
                 # The phase's own server must have answered the API server's calls (at least the
@@ -361,12 +410,15 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
                               "webhook_calls": calls,
                               "webhook_mean_ms": (m1["sum"] - m0["sum"]) / calls * 1000 if calls else None,
                               "server_cpu_s": (server.cpu_seconds() - cpu0) if server else None,
+                              "control_plane": {"cpu_s": cp1["cpu_s"] - cp0["cpu_s"],
+                                                "status_patches": cp1["status_patches"] - cp0["status_patches"]},
                               "server_rss_kib": server.status_kib("VmHWM") if server else None}
             log(f"webhook {phase}: PATCH p50 {lat['p50_ms']:.2f} p99 {lat['p99_ms']:.2f} ms; "
                 f"{writes['per_node_per_minute']:.2f} writes/node/min")
     finally:
         for name, a in addr.items():
             webhook_off(api, a, phase_port(name))
+        inprocess_off()
         if fleet and fleet.poll() is None:
             os.killpg(fleet.pid, signal.SIGTERM)
             try:
