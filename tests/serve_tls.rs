@@ -694,7 +694,9 @@ async fn during_the_shutdown_delay_keepalive_connections_are_retired() {
     );
     // Within the delay: the same connection is served once more, told to close, and closed.
     conn.write_all(&request("retiring")).await.expect("write");
-    let r = read_response(&mut conn).await.expect("response while retiring");
+    let r = read_response(&mut conn)
+        .await
+        .expect("response while retiring");
     assert_eq!(r.status, 200);
     assert!(closes(&r.head), "{}", r.head);
     assert!(
@@ -702,7 +704,9 @@ async fn during_the_shutdown_delay_keepalive_connections_are_retired() {
         "the retired connection was not closed after its response"
     );
     // A new connection within the delay is still accepted, and retired the same way.
-    let mut late = tls_connect(w.webhook, cfg()).await.expect("tls within the delay");
+    let mut late = tls_connect(w.webhook, cfg())
+        .await
+        .expect("tls within the delay");
     late.write_all(&request("late")).await.expect("write");
     let r = read_response(&mut late).await.expect("response");
     assert_eq!(r.status, 200);
