@@ -272,7 +272,8 @@ mod tests {
         let pod = as_review(br#"{"kind":"Pod","metadata":{"name":"p","labels":{"a":"b"}}}"#)
             .unwrap_or_default();
         let one: BTreeMap<String, String> = [("a".to_string(), "b".to_string())].into();
-        let cases: [(&str, Vec<u8>, Option<BTreeMap<String, String>>); 5] = [
+        type Labels = Option<BTreeMap<String, String>>;
+        let cases: [(&str, Vec<u8>, Labels); 5] = [
             (
                 "node with labels",
                 node(r#","labels":{"a":"b"}"#),
