@@ -1,35 +1,109 @@
 //! `kube-overcommit compile-inprocess`: print the MutatingAdmissionPolicy and binding that
 //! apply the static policies of a policy file in the API server (`overcommit_core::inprocess`),
-//! as a JSON List, and which policies stay on the webhook (stderr).
+//! as a JSON List, and which policies stay on the webhook (stderr). Both objects are named
+//! like the ones the leader keeps (`--webhook-config-name`, same env var and default), so a
+//! compiled policy applied by hand and the one `serve --mode in-process` keeps are the same
+//! object.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use overcommit_core::inprocess;
+use overcommit_core::policy::PolicySet;
+use serde_json::Value;
+
+use crate::leader::DEFAULT_CONFIG_NAME;
+use crate::leader::compiled_policy::named;
 
 #[derive(Debug, clap::Args)]
 pub struct CompileArgs {
     /// Policies to compile: a YAML file of one or more OvercommitPolicy documents.
     #[arg(long, env = "KUBE_OVERCOMMIT_POLICY_FILE")]
     pub policy_file: PathBuf,
+    /// Name of both objects: the name `serve --webhook-config-name` gives the ones the leader
+    /// keeps in in-process mode.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_WEBHOOK_CONFIG_NAME",
+        default_value = DEFAULT_CONFIG_NAME
+    )]
+    pub webhook_config_name: String,
+}
+
+/// The JSON List of the compiled policy and binding named `name`, and the policies compiled
+/// and left to the webhook.
+pub fn output(policies: &PolicySet, name: &str) -> (Value, Vec<String>, Vec<String>) {
+    let compiled = inprocess::compile(policies);
+    let (policy, binding) = named(compiled.policy, compiled.binding, name);
+    let list = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [policy, binding],
+    });
+    (list, compiled.in_process, compiled.webhook)
 }
 
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let policies = crate::review::read_policy_file(&args.policy_file)?;
-    let compiled = inprocess::compile(&policies);
-    let list = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "List",
-        "items": [compiled.policy, compiled.binding],
-    });
+    let (list, in_process, webhook) = output(&policies, &args.webhook_config_name);
     let mut stdout = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut stdout, &list)?;
     stdout.write_all(b"\n")?;
     stdout.flush()?;
     eprintln!(
         "in-process: {}; webhook: {}",
-        compiled.in_process.join(","),
-        compiled.webhook.join(",")
+        in_process.join(","),
+        webhook.join(",")
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::leader::compiled_policy::desired;
+    use crate::mode::Path;
+    use clap::Parser;
+
+    const STATIC: &str = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: s}\nspec:\n  nodeRatios: {cpu: \"2\"}\n";
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        compile: CompileArgs,
+    }
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        leader: crate::leader::LeaderArgs,
+    }
+
+    #[test]
+    fn named_like_the_leaders_objects() {
+        let set =
+            PolicySet::new(overcommit_core::policy::parse_policy_file(STATIC).unwrap()).unwrap();
+        for name in ["kube-overcommit", "other"] {
+            let (list, in_process, _) = output(&set, name);
+            let want = desired(&set, Path::InProcess, name).unwrap();
+            assert_eq!(list["items"][0], want.policy, "{name}: policy");
+            assert_eq!(list["items"][1], want.binding, "{name}: binding");
+            assert_eq!(list["items"][1]["spec"]["policyName"], name, "{name}");
+            assert_eq!(in_process, want.in_process, "{name}");
+        }
+    }
+
+    #[test]
+    fn same_flag_and_default_as_serve() {
+        let compile = Cli::try_parse_from(["x", "--policy-file", "p"]).unwrap();
+        let serve = Serve::try_parse_from(["x"]).unwrap();
+        assert_eq!(
+            compile.compile.webhook_config_name,
+            serve.leader.webhook_config_name
+        );
+        assert_eq!(compile.compile.webhook_config_name, "kube-overcommit");
+        let named =
+            Cli::try_parse_from(["x", "--policy-file", "p", "--webhook-config-name", "n"]).unwrap();
+        assert_eq!(named.compile.webhook_config_name, "n");
+    }
 }

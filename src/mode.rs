@@ -8,8 +8,13 @@
 //!   and binding (`overcommit_core::inprocess`); `serve` refuses to start when the API server
 //!   does not serve both resources.
 //! - `auto`: in-process when the API server serves both, webhook otherwise.
+//!
+//! `node_path` (pure, table-tested) says which path one node's status writes take, for
+//! `review --explain` and `status`.
 
 use kube::Client;
+use overcommit_core::inprocess;
+use overcommit_core::policy::NodeChoice;
 
 /// Group version of MutatingAdmissionPolicy and its binding.
 pub const ADMISSION_GROUP_VERSION: &str = "admissionregistration.k8s.io/v1";
@@ -101,6 +106,114 @@ pub fn lists_both(names: &[&str]) -> Discovery {
     }
 }
 
+/// What is known of the path the static policies take in a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterPath {
+    Webhook,
+    /// The compiled MutatingAdmissionPolicy and binding of this name are in the cluster.
+    InProcess(String),
+    /// `--mode auto` (review, offline): in-process under this name where the API server serves
+    /// MutatingAdmissionPolicy, webhook otherwise.
+    Auto(String),
+    /// Not known (the compiled objects could not be read).
+    Unknown,
+}
+
+impl ClusterPath {
+    /// From `--mode` and the name the leader gives the compiled objects.
+    pub fn from_mode(mode: Mode, name: &str) -> Self {
+        match mode {
+            Mode::Webhook => Self::Webhook,
+            Mode::InProcess => Self::InProcess(name.to_string()),
+            Mode::Auto => Self::Auto(name.to_string()),
+        }
+    }
+}
+
+/// What reading one compiled object (by name) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Present,
+    /// Not found, or the resource is not served.
+    Absent,
+    /// Any other error (forbidden, unreachable).
+    Unreadable,
+}
+
+/// The cluster's path from what reading the compiled policy and binding named `name` found:
+/// in-process while both are there (the API server applies them), webhook when one is missing.
+pub fn cluster_path(name: &str, policy: Found, binding: Found) -> ClusterPath {
+    match (policy, binding) {
+        (Found::Absent, _) | (_, Found::Absent) => ClusterPath::Webhook,
+        (Found::Present, Found::Present) => ClusterPath::InProcess(name.to_string()),
+        _ => ClusterPath::Unknown,
+    }
+}
+
+/// The path one node's status writes take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePath {
+    /// The node webhook rewrites them.
+    Webhook,
+    /// The compiled MutatingAdmissionPolicy of this name rewrites them in the API server.
+    InProcess(String),
+    /// `ClusterPath::Auto`: in-process (this name) or webhook, as the API server serves.
+    Auto(String),
+    /// No policy applies (none selects the node, or it is opted out): nothing inflates it.
+    None { opted_out: bool },
+    /// A static policy applies, on a path not known.
+    Unknown,
+}
+
+/// The path of a node whose policy choice is `choice` in a cluster on `cluster`: policies that
+/// need outside data (usage, cap) are always the webhook's; static ones follow the cluster.
+pub fn node_path(choice: &NodeChoice<'_>, cluster: &ClusterPath) -> NodePath {
+    match choice {
+        NodeChoice::NoPolicy => NodePath::None { opted_out: false },
+        NodeChoice::OptedOut => NodePath::None { opted_out: true },
+        NodeChoice::Policy(p) if !inprocess::is_static(p) => NodePath::Webhook,
+        NodeChoice::Policy(_) => match cluster {
+            ClusterPath::Webhook => NodePath::Webhook,
+            ClusterPath::InProcess(name) => NodePath::InProcess(name.clone()),
+            ClusterPath::Auto(name) => NodePath::Auto(name.clone()),
+            ClusterPath::Unknown => NodePath::Unknown,
+        },
+    }
+}
+
+impl NodePath {
+    /// One word for a table column (`status`).
+    pub fn short(&self) -> String {
+        match self {
+            Self::Webhook => "webhook".into(),
+            Self::InProcess(name) => format!("in-process({name})"),
+            Self::Auto(name) => format!("auto({name})"),
+            Self::None { .. } => "none".into(),
+            Self::Unknown => "unknown".into(),
+        }
+    }
+
+    /// One line (`review --explain`).
+    pub fn explain(&self) -> String {
+        match self {
+            Self::Webhook => "path: webhook (the node webhook rewrites its status writes)".into(),
+            Self::InProcess(name) => format!(
+                "path: in-process (the API server applies MutatingAdmissionPolicy {name}; the webhook leaves the node unchanged)"
+            ),
+            Self::Auto(name) => format!(
+                "path: in-process (MutatingAdmissionPolicy {name}) where the API server serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, else webhook (--mode auto)"
+            ),
+            Self::None { opted_out: false } => {
+                "path: none (no policy selects the node; its kubelet's value stands)".into()
+            }
+            Self::None { opted_out: true } => {
+                "path: none (opted out; its kubelet's value stands)".into()
+            }
+            Self::Unknown => "path: unknown (a static policy applies; the compiled admission policy could not be read)".into(),
+        }
+    }
+}
+
 /// Ask the API server (404: the group version is not served).
 pub async fn discover(client: &Client, mode: Mode) -> Result<Discovery, ModeError> {
     match client
@@ -151,6 +264,93 @@ mod tests {
         }
         assert!(!Mode::Webhook.needs_discovery());
         assert!(Mode::Auto.needs_discovery() && Mode::InProcess.needs_discovery());
+    }
+
+    #[test]
+    fn node_path_table() {
+        let yaml = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: s}\nspec:\n  nodeSelector: {matchLabels: {p: s}}\n  nodeRatios: {cpu: \"2\"}\n---\napiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: u}\nspec:\n  nodeSelector: {matchLabels: {p: u}}\n  nodeRatios: {cpu: \"2\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n";
+        let set = overcommit_core::policy::PolicySet::new(
+            overcommit_core::policy::parse_policy_file(yaml).unwrap(),
+        )
+        .unwrap();
+        let labels = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let stat = labels(&[("p", "s")]);
+        let usage = labels(&[("p", "u")]);
+        let none = labels(&[]);
+        let out = labels(&[("p", "s"), ("overcommit.dev/disabled", "true")]);
+        let ip = ClusterPath::InProcess("c".into());
+        let auto = ClusterPath::Auto("c".into());
+        let cases = [
+            (&stat, ClusterPath::Webhook, NodePath::Webhook),
+            (&stat, ip.clone(), NodePath::InProcess("c".into())),
+            (&stat, auto.clone(), NodePath::Auto("c".into())),
+            (&stat, ClusterPath::Unknown, NodePath::Unknown),
+            (&usage, ip.clone(), NodePath::Webhook),
+            (&usage, ClusterPath::Unknown, NodePath::Webhook),
+            (&usage, ClusterPath::Webhook, NodePath::Webhook),
+            (&none, ip.clone(), NodePath::None { opted_out: false }),
+            (
+                &none,
+                ClusterPath::Webhook,
+                NodePath::None { opted_out: false },
+            ),
+            (&out, ip.clone(), NodePath::None { opted_out: true }),
+        ];
+        for (labels, cluster, want) in cases {
+            let got = node_path(&set.for_node(labels), &cluster);
+            assert_eq!(got, want, "{labels:?} {cluster:?}");
+        }
+        let shorts = [
+            (NodePath::Webhook, "webhook"),
+            (NodePath::InProcess("c".into()), "in-process(c)"),
+            (NodePath::Auto("c".into()), "auto(c)"),
+            (NodePath::None { opted_out: true }, "none"),
+            (NodePath::Unknown, "unknown"),
+        ];
+        for (path, want) in shorts {
+            assert_eq!(path.short(), want);
+            assert!(path.explain().starts_with("path: "), "{path:?}");
+            assert!(!path.explain().contains('\n'), "{path:?}: one line");
+        }
+        assert!(
+            NodePath::InProcess("c".into())
+                .explain()
+                .contains("MutatingAdmissionPolicy c")
+        );
+        assert_eq!(
+            ClusterPath::from_mode(Mode::Webhook, "c"),
+            ClusterPath::Webhook
+        );
+        assert_eq!(ClusterPath::from_mode(Mode::InProcess, "c"), ip);
+        assert_eq!(ClusterPath::from_mode(Mode::Auto, "c"), auto);
+    }
+
+    #[test]
+    fn cluster_path_table() {
+        use Found::*;
+        let ip = ClusterPath::InProcess("c".into());
+        let cases = [
+            (Present, Present, ip),
+            (Present, Absent, ClusterPath::Webhook),
+            (Absent, Present, ClusterPath::Webhook),
+            (Absent, Unreadable, ClusterPath::Webhook),
+            (Absent, Absent, ClusterPath::Webhook),
+            (Present, Unreadable, ClusterPath::Unknown),
+            (Unreadable, Present, ClusterPath::Unknown),
+            (Unreadable, Unreadable, ClusterPath::Unknown),
+        ];
+        for (policy, binding, want) in cases {
+            assert_eq!(
+                cluster_path("c", policy, binding),
+                want,
+                "{policy:?} {binding:?}"
+            );
+        }
     }
 
     #[test]

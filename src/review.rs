@@ -2,6 +2,7 @@
 //! print the CustomResourceDefinition. Reads files and writes to stdout/stderr; the decision is
 //! `admission::handle`, exactly what `serve` answers.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
@@ -13,6 +14,8 @@ use std::sync::Arc;
 
 use crate::admission::{self, Clock, NodeUsageSource, Outcome, Settings};
 use crate::duration::duration_arg;
+use crate::leader::DEFAULT_CONFIG_NAME;
+use crate::mode::{ClusterPath, Mode, node_path};
 use crate::review_usage::{FixedUsage, usage_input};
 use overcommit_core::policy::{self, PolicySet};
 
@@ -57,6 +60,23 @@ pub struct ReviewArgs {
     /// memory); repeatable, overrides the usage file.
     #[arg(long, env = "KUBE_OVERCOMMIT_PEAK_USAGE", value_delimiter = ',')]
     pub peak_usage: Vec<String>,
+    /// `serve --mode` of the cluster, for the path `--explain` names (the response is the
+    /// webhook rule's either way: both paths give the same result).
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_MODE",
+        value_enum,
+        default_value = "webhook"
+    )]
+    pub mode: Mode,
+    /// `serve --webhook-config-name`: the name of the compiled admission policy in in-process
+    /// mode.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_WEBHOOK_CONFIG_NAME",
+        default_value = DEFAULT_CONFIG_NAME
+    )]
+    pub webhook_config_name: String,
 }
 
 /// `--now`: an RFC 3339 time, in milliseconds since the Unix epoch.
@@ -107,6 +127,13 @@ pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
             Err(reason) => format!("failed open (allowed, unchanged): {reason}\n"),
         };
         eprint!("{account}");
+        if let Some(labels) = node_labels(&body) {
+            let cluster = ClusterPath::from_mode(args.mode, &args.webhook_config_name);
+            eprintln!(
+                "{}",
+                node_path(&policies.for_node(&labels), &cluster).explain()
+            );
+        }
     }
     match handled.outcome {
         Outcome::BadRequest => bail!("not an AdmissionReview: {}", reason.unwrap_or_default()),
@@ -128,6 +155,23 @@ pub fn run_crd() -> anyhow::Result<()> {
     stdout.write_all(yaml.as_bytes())?;
     stdout.flush()?;
     Ok(())
+}
+
+/// The labels of the node a node review is about (None: not a node review, or unreadable).
+fn node_labels(body: &[u8]) -> Option<BTreeMap<String, String>> {
+    let review: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let request = review.get("request")?;
+    if request.pointer("/resource/resource")?.as_str()? != "nodes" {
+        return None;
+    }
+    let labels = match request.pointer("/object/metadata/labels") {
+        Some(serde_json::Value::Object(map)) => map
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    Some(labels)
 }
 
 fn read_input(input: &str) -> anyhow::Result<Vec<u8>> {
@@ -217,6 +261,36 @@ mod tests {
         assert_eq!(review["request"]["operation"], "CREATE");
         assert_eq!(review["request"]["namespace"], "team");
         assert!(review["request"].get("oldObject").is_none());
+    }
+
+    #[test]
+    fn node_labels_table() {
+        let node = |labels: &str| {
+            as_review(format!(r#"{{"kind":"Node","metadata":{{"name":"n"{labels}}}}}"#).as_bytes())
+                .unwrap_or_default()
+        };
+        let pod = as_review(br#"{"kind":"Pod","metadata":{"name":"p","labels":{"a":"b"}}}"#)
+            .unwrap_or_default();
+        let one: BTreeMap<String, String> = [("a".to_string(), "b".to_string())].into();
+        type Labels = Option<BTreeMap<String, String>>;
+        let cases: [(&str, Vec<u8>, Labels); 5] = [
+            (
+                "node with labels",
+                node(r#","labels":{"a":"b"}"#),
+                Some(one),
+            ),
+            ("node without labels", node(""), Some(BTreeMap::new())),
+            ("pod", pod, None),
+            ("garbage", b"not json".to_vec(), None),
+            (
+                "review without request",
+                br#"{"kind":"AdmissionReview"}"#.to_vec(),
+                None,
+            ),
+        ];
+        for (what, body, want) in cases {
+            assert_eq!(node_labels(&body), want, "{what}");
+        }
     }
 
     #[test]

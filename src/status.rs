@@ -11,13 +11,15 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::Api;
+use kube::api::{Api, DynamicObject};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use overcommit_core::policy::{OvercommitPolicy, PolicySet, parse_policy_file};
 use serde::de::DeserializeOwned;
 
 use self::view::NodeFacts;
+use crate::leader::compiled_policy::{binding_resource, policy_resource};
+use crate::mode::{self, ClusterPath, Found};
 
 /// How `status` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -48,6 +50,14 @@ pub struct StatusArgs {
     /// The kubeconfig context (default: its current context).
     #[arg(long, env = "KUBE_OVERCOMMIT_CONTEXT")]
     pub context: Option<String>,
+    /// `serve --webhook-config-name`: the name of the compiled MutatingAdmissionPolicy and
+    /// binding whose presence puts the static policies' nodes on the in-process path.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_WEBHOOK_CONFIG_NAME",
+        default_value = crate::leader::DEFAULT_CONFIG_NAME
+    )]
+    pub webhook_config_name: String,
 }
 
 /// The `status` subcommand (binary edge: anyhow).
@@ -107,7 +117,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             }
         })
         .collect();
-    let rows = view::rows(&facts, &policies);
+    let cluster = cluster_path(&client, &args.webhook_config_name).await;
+    let rows = view::rows(&facts, &policies, &cluster);
     for row in &rows {
         for problem in &row.problems {
             eprintln!("warning: node {}: {problem}", row.node);
@@ -160,6 +171,30 @@ async fn policies(client: &Client, file: Option<&PathBuf>) -> anyhow::Result<Pol
         eprintln!("warning: policy not in force: {e}");
     }
     Ok(set)
+}
+
+/// Whether the compiled MutatingAdmissionPolicy and binding named `name` are in the cluster.
+async fn cluster_path(client: &Client, name: &str) -> ClusterPath {
+    let mut found = Vec::new();
+    for resource in [policy_resource(), binding_resource()] {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        found.push(match api.get_opt(name).await {
+            Ok(Some(_)) => Found::Present,
+            Ok(None) => Found::Absent,
+            Err(kube::Error::Api(status)) if status.code == 404 => Found::Absent,
+            Err(e) => {
+                eprintln!(
+                    "note: path unknown: reading {} {name}: {e}",
+                    resource.plural
+                );
+                Found::Unreadable
+            }
+        });
+    }
+    match found[..] {
+        [policy, binding] => mode::cluster_path(name, policy, binding),
+        _ => ClusterPath::Unknown,
+    }
 }
 
 /// Every object of `api`, page by page.

@@ -116,6 +116,58 @@ fn review_accepts_a_bare_node() {
 }
 
 #[test]
+fn review_explain_names_the_path() {
+    let node = |labels: &str| {
+        format!(
+            r#"{{"kind":"Node","apiVersion":"v1","metadata":{{"name":"n1","labels":{labels}}},
+                "status":{{"capacity":{{"cpu":"4"}},"allocatable":{{"cpu":"4"}}}}}}"#
+        )
+    };
+    let batch = node(r#"{"pool":"batch"}"#);
+    let out_label = node(r#"{"pool":"batch","overcommit.dev/disabled":"true"}"#);
+    let cases: [(&[&str], &str, &str); 5] = [
+        (&[], &batch, "path: webhook ("),
+        (&["--mode", "webhook"], &batch, "path: webhook ("),
+        (
+            &["--mode", "in-process", "--webhook-config-name", "oc"],
+            &batch,
+            "path: in-process (the API server applies MutatingAdmissionPolicy oc;",
+        ),
+        (
+            &["--mode", "in-process"],
+            &batch,
+            "MutatingAdmissionPolicy kube-overcommit;",
+        ),
+        (
+            &["--mode", "in-process"],
+            &out_label,
+            "path: none (opted out;",
+        ),
+    ];
+    for (extra, input, want) in cases {
+        let mut args = vec![
+            "review",
+            "--policy-file",
+            "tests/fixtures/policies.yaml",
+            "--explain",
+        ];
+        args.extend_from_slice(extra);
+        let out = run(&args, Some(input.as_bytes()));
+        let account = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{extra:?}: {account}");
+        assert_eq!(
+            account.lines().filter(|l| l.starts_with("path: ")).count(),
+            1,
+            "{extra:?}: one path line in {account}"
+        );
+        assert!(
+            account.contains(want),
+            "{extra:?}: {want:?} not in {account}"
+        );
+    }
+}
+
+#[test]
 fn review_refuses_a_bad_policy_file_with_a_clear_message() {
     let dir = match tempfile::tempdir() {
         Ok(d) => d,

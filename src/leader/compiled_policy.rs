@@ -66,16 +66,21 @@ pub fn desired(policies: &PolicySet, path: Path, name: &str) -> Option<Desired> 
     if compiled.in_process.is_empty() {
         return None;
     }
-    let mut policy = compiled.policy;
-    let mut binding = compiled.binding;
-    policy["metadata"]["name"] = Value::from(name);
-    binding["metadata"]["name"] = Value::from(name);
-    binding["spec"]["policyName"] = Value::from(name);
+    let (policy, binding) = named(compiled.policy, compiled.binding, name);
     Some(Desired {
         policy,
         binding,
         in_process: compiled.in_process,
     })
+}
+
+/// The compiled policy and binding named `name` (the binding naming the policy): how the
+/// leader names them, and `compile-inprocess` too.
+pub fn named(mut policy: Value, mut binding: Value, name: &str) -> (Value, Value) {
+    policy["metadata"]["name"] = Value::from(name);
+    binding["metadata"]["name"] = Value::from(name);
+    binding["spec"]["policyName"] = Value::from(name);
+    (policy, binding)
 }
 
 /// Remove nulls, empty objects and empty arrays, recursively.

@@ -47,6 +47,10 @@ pub mod rotation;
 pub mod store;
 pub mod webhook_config;
 
+/// The default name of the webhook configurations and of the compiled admission policy and
+/// binding (`--webhook-config-name`; `compile-inprocess` takes the same flag).
+pub const DEFAULT_CONFIG_NAME: &str = "kube-overcommit";
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,7 +100,7 @@ pub struct LeaderArgs {
     #[arg(
         long,
         env = "KUBE_OVERCOMMIT_WEBHOOK_CONFIG_NAME",
-        default_value = "kube-overcommit"
+        default_value = DEFAULT_CONFIG_NAME
     )]
     pub webhook_config_name: String,
     /// Secret holding the serving leaf (tls.crt, tls.key, ca.crt); mounted into replicas.

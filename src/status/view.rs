@@ -11,6 +11,8 @@ use overcommit_core::policy::{NodeChoice, PolicySet};
 use overcommit_core::quantity::Quantity;
 use serde::Serialize;
 
+use crate::mode::{ClusterPath, node_path};
+
 /// The resources shown, as `kubectl top nodes` shows them.
 pub const RESOURCES: [&str; 2] = ["cpu", "memory"];
 
@@ -35,6 +37,10 @@ pub struct Row {
     pub node: String,
     /// The policy's name, `-` for none, `opted-out` for a node labelled out.
     pub policy: String,
+    /// The path its status writes take (`mode::NodePath::short`): `webhook`,
+    /// `in-process(NAME)` (the compiled MutatingAdmissionPolicy NAME), `none` (no policy
+    /// applies), `unknown`.
+    pub path: String,
     pub resources: BTreeMap<String, Cell>,
     /// Why a value could not be read (an unparsable quantity or annotation).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -59,15 +65,17 @@ pub struct Cell {
     pub requested_percent_of_cap: Option<f64>,
 }
 
-/// The rows, in node name order.
-pub fn rows(nodes: &[NodeFacts], policies: &PolicySet) -> Vec<Row> {
-    let mut rows: Vec<Row> = nodes.iter().map(|n| row(n, policies)).collect();
+/// The rows, in node name order, for a cluster whose static policies take `cluster`.
+pub fn rows(nodes: &[NodeFacts], policies: &PolicySet, cluster: &ClusterPath) -> Vec<Row> {
+    let mut rows: Vec<Row> = nodes.iter().map(|n| row(n, policies, cluster)).collect();
     rows.sort_by(|a, b| a.node.cmp(&b.node));
     rows
 }
 
-fn row(node: &NodeFacts, policies: &PolicySet) -> Row {
-    let (policy, cap) = match policies.for_node(&node.labels) {
+fn row(node: &NodeFacts, policies: &PolicySet, cluster: &ClusterPath) -> Row {
+    let choice = policies.for_node(&node.labels);
+    let path = node_path(&choice, cluster).short();
+    let (policy, cap) = match choice {
         NodeChoice::Policy(p) => (p.name.clone(), p.cap.as_ref()),
         NodeChoice::NoPolicy => ("-".to_string(), None),
         NodeChoice::OptedOut => ("opted-out".to_string(), None),
@@ -126,6 +134,7 @@ fn row(node: &NodeFacts, policies: &PolicySet) -> Row {
     Row {
         node: node.name.clone(),
         policy,
+        path,
         resources,
         problems,
     }
@@ -146,6 +155,7 @@ pub fn table(rows: &[Row]) -> String {
     let mut lines = vec![vec![
         "NODE".to_string(),
         "POLICY".into(),
+        "PATH".into(),
         "CPU RAW".into(),
         "CPU ALLOC".into(),
         "CPU REQ".into(),
@@ -158,7 +168,7 @@ pub fn table(rows: &[Row]) -> String {
         "MEM CAP".into(),
     ]];
     for row in rows {
-        let mut line = vec![row.node.clone(), row.policy.clone()];
+        let mut line = vec![row.node.clone(), row.policy.clone(), row.path.clone()];
         for resource in RESOURCES {
             let Some(cell) = row.resources.get(resource) else {
                 line.extend(std::iter::repeat_n("-".to_string(), 5));
@@ -280,7 +290,11 @@ spec:
             allocatable: map(&[("cpu", "2"), ("memory", "oops")]),
             ..NodeFacts::default()
         };
-        let rows = rows(&[inflated, plain, other], &policies());
+        let rows = rows(
+            &[inflated, plain, other],
+            &policies(),
+            &ClusterPath::InProcess("oc".into()),
+        );
         let names: Vec<&str> = rows.iter().map(|r| r.node.as_str()).collect();
         assert_eq!(names, ["control-1", "db-1", "worker-1"]);
         let [control, db, worker] = rows.as_slice() else {
@@ -289,6 +303,11 @@ spec:
         assert_eq!(
             (&*worker.policy, &*control.policy, &*db.policy),
             ("workers", "opted-out", "-")
+        );
+        // The cap keeps the workers' policy on the webhook even in in-process mode.
+        assert_eq!(
+            (&*worker.path, &*control.path, &*db.path),
+            ("webhook", "none", "none")
         );
         let cpu = worker.resources["cpu"];
         assert_eq!((cpu.raw, cpu.allocatable), (Some(4000), Some(6000)));
@@ -351,6 +370,54 @@ spec:
     }
 
     #[test]
+    fn rows_name_each_nodes_path() {
+        let yaml = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: batch}\nspec:\n  nodeSelector: {matchLabels: {role: batch}}\n  nodeRatios: {cpu: \"2\"}\n";
+        let set = PolicySet::new(parse_policy_file(yaml).expect("policy")).expect("valid");
+        let node = |name: &str, labels: &[(&str, &str)]| NodeFacts {
+            name: name.into(),
+            labels: map(labels),
+            allocatable: map(&[("cpu", "2")]),
+            ..NodeFacts::default()
+        };
+        let nodes = [
+            node("a", &[("role", "batch")]),
+            node("b", &[]),
+            node(
+                "c",
+                &[("role", "batch"), ("overcommit.dev/disabled", "true")],
+            ),
+        ];
+        let cases = [
+            (ClusterPath::Webhook, ["webhook", "none", "none"]),
+            (
+                ClusterPath::InProcess("oc".into()),
+                ["in-process(oc)", "none", "none"],
+            ),
+            (ClusterPath::Unknown, ["unknown", "none", "none"]),
+        ];
+        for (cluster, want) in cases {
+            let rows = rows(&nodes, &set, &cluster);
+            let got: Vec<&str> = rows.iter().map(|r| r.path.as_str()).collect();
+            assert_eq!(got, want, "{cluster:?}");
+            let text = table(&rows);
+            let header: Vec<&str> = text
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect();
+            assert_eq!(header.get(2), Some(&"PATH"), "{text}");
+            let first: Vec<&str> = text
+                .lines()
+                .nth(1)
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect();
+            assert_eq!(first.get(2), Some(&want[0]), "{text}");
+        }
+    }
+
+    #[test]
     fn values_read_as_a_person_reads_them() {
         let cases = [
             ("cpu", 250, "250m"),
@@ -376,7 +443,10 @@ spec:
             requested: units(&[("cpu", 500)]),
             ..NodeFacts::default()
         };
-        let json = serde_json::to_value(rows(&[node], &PolicySet::default())).expect("json");
+        let json =
+            serde_json::to_value(rows(&[node], &PolicySet::default(), &ClusterPath::Webhook))
+                .expect("json");
+        assert_eq!(json[0]["path"], "none");
         assert_eq!(json[0]["node"], "n");
         assert_eq!(json[0]["resources"]["cpu"]["unit"], "millicores");
         assert_eq!(json[0]["resources"]["cpu"]["requestedPercentOfRaw"], 25.0);

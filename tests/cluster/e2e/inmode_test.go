@@ -97,15 +97,7 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 	capacity := corev1.ResourceList{"cpu": resource.MustParse("8"), "memory": resource.MustParse("32Gi"), "pods": resource.MustParse("110")}
 	raw := corev1.ResourceList{"cpu": resource.MustParse("7910m"), "memory": resource.MustParse("31Gi"), "pods": resource.MustParse("110")}
 	node := e.create(ns+"-n1", map[string]string{koNodeLabelKey: ns}, nil, capacity, raw)
-	patched := func() float64 {
-		n, err := sumReviews(rs.in, func(l string) bool {
-			return strings.Contains(l, `resource="node"`) && strings.Contains(l, `outcome="patched"`)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	patched := func() float64 { return nodePatches(t, rs.in) }
 	// The replicas step back once the compiled policy has been in force for a few seconds:
 	// kubelet writes until one is inflated without a webhook patch.
 	deadline := time.Now().Add(45 * time.Second)

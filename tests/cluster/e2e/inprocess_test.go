@@ -226,7 +226,7 @@ func TestInProcessMatchesWebhook(t *testing.T) {
 func (e *ipEnv) install(policies string) {
 	e.t.Helper()
 	e.policies(policies)
-	out, err := exec.Command(e.bin, "compile-inprocess", "--policy-file", e.file).Output()
+	out, err := exec.Command(e.bin, "compile-inprocess", "--policy-file", e.file, "--webhook-config-name", "nodes.overcommit.dev").Output()
 	if err != nil {
 		e.t.Fatalf("compile-inprocess: %v", err)
 	}

@@ -22,6 +22,7 @@ import (
 type statusRow struct {
 	Node      string `json:"node"`
 	Policy    string `json:"policy"`
+	Path      string `json:"path"`
 	Resources map[string]struct {
 		Unit        string   `json:"unit"`
 		Raw         *int64   `json:"raw"`
@@ -106,6 +107,8 @@ func checkStatus(t *testing.T, c *harness.Cluster, nodes []string, boundPerNode 
 		switch {
 		case r.Policy != policy:
 			return fmt.Errorf("%s: policy %q, want %q", n, r.Policy, policy)
+		case r.Path != "webhook":
+			return fmt.Errorf("%s: path %q, want webhook", n, r.Path)
 		case cpu.Unit != "millicores" || cpu.Raw == nil || *cpu.Raw != rawCPU*1000:
 			return fmt.Errorf("%s: cpu raw %v %s, want %d millicores", n, cpu.Raw, cpu.Unit, rawCPU*1000)
 		case cpu.Allocatable == nil || *cpu.Allocatable != inflatedCPU*1000:
@@ -132,12 +135,12 @@ func checkStatus(t *testing.T, c *harness.Cluster, nodes []string, boundPerNode 
 		found := false
 		for _, l := range lines[1:] {
 			f := strings.Fields(l)
-			if len(f) > 3 && f[0] == n {
-				found = f[1] == policy && f[2] == fmt.Sprint(rawCPU) && f[3] == fmt.Sprint(inflatedCPU)
+			if len(f) > 4 && f[0] == n {
+				found = f[1] == policy && f[2] == "webhook" && f[3] == fmt.Sprint(rawCPU) && f[4] == fmt.Sprint(inflatedCPU)
 			}
 		}
 		if !found {
-			return fmt.Errorf("node %s: no row with policy %s, cpu %d -> %d in:\n%s", n, policy, rawCPU, inflatedCPU, table)
+			return fmt.Errorf("node %s: no row with policy %s, path webhook, cpu %d -> %d in:\n%s", n, policy, rawCPU, inflatedCPU, table)
 		}
 	}
 	t.Logf("kubectl overcommit status (plugin): %d rows; table:\n%s", len(rows), table)
