@@ -1,4 +1,5 @@
-//! Leadership through kube-leader-election: one task renews or tries to acquire the Lease every
+//! Leadership through the Lease (`lease_lock`: writes with the version read, so a race has one
+//! winner): one task renews or tries to acquire the Lease every
 //! `renew` period and publishes whether this replica leads. A claim is good only until
 //! `renew deadline = start of the last successful renewal + ttl - renew`: past it, leadership is
 //! dropped locally even if the API server never answered, well before another replica may take
@@ -8,10 +9,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
+use kube::Api;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::lease_lock::{LeaseLock, Outcome};
 use crate::shutdown::Signal;
 
 /// The claim was lost, or could not be renewed in time.
@@ -81,13 +83,10 @@ pub fn spawn(
         leading: rx,
     };
     let lock = LeaseLock::new(
-        client,
-        &s.namespace,
-        LeaseLockParams {
-            lease_name: s.lease_name.clone(),
-            holder_id: s.identity.clone(),
-            lease_ttl: s.ttl,
-        },
+        Api::namespaced(client, &s.namespace),
+        s.lease_name.clone(),
+        s.identity.clone(),
+        s.ttl,
     );
     let holder = Holder {
         state,
@@ -125,7 +124,7 @@ async fn campaign(lock: LeaseLock, s: ElectionSettings, holder: Holder, shutdown
     let mut valid_until: Option<Instant> = None;
     loop {
         let started = Instant::now();
-        valid_until = try_renew(&lock, &s.identity, started, deadline, valid_until).await;
+        valid_until = try_renew(&lock, started, deadline, valid_until).await;
         if valid_until.is_some_and(|t| Instant::now() >= t) {
             valid_until = None;
         }
@@ -148,10 +147,10 @@ async fn campaign(lock: LeaseLock, s: ElectionSettings, holder: Holder, shutdown
         if closing || shutdown.is_stopped() {
             if valid_until.is_some() {
                 holder.set(None);
-                if let Err(e) = lock.step_down().await {
-                    tracing::warn!(error = %e, "could not step down");
-                } else {
-                    tracing::info!("stepped down");
+                match lock.step_down().await {
+                    Ok(true) => tracing::info!("stepped down"),
+                    Ok(false) => tracing::info!("stepped down (the Lease was no longer ours)"),
+                    Err(e) => tracing::warn!(error = %e, "could not step down"),
                 }
             }
             return;
@@ -163,7 +162,6 @@ async fn campaign(lock: LeaseLock, s: ElectionSettings, holder: Holder, shutdown
 /// (unchanged when the attempt failed or timed out).
 async fn try_renew(
     lock: &LeaseLock,
-    identity: &str,
     started: Instant,
     deadline: Duration,
     valid_until: Option<Instant>,
@@ -174,14 +172,8 @@ async fn try_renew(
     )
     .await;
     match attempt {
-        Ok(Ok(LeaseLockResult::Acquired(lease))) => {
-            let holder = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref());
-            (holder == Some(identity)).then_some(started + deadline)
-        }
-        Ok(Ok(LeaseLockResult::NotAcquired(_))) => None,
+        Ok(Ok(Outcome::Leading)) => Some(started + deadline),
+        Ok(Ok(Outcome::NotLeading)) => None,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "lease renewal failed");
             valid_until

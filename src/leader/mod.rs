@@ -2,9 +2,10 @@
 //! MutatingWebhookConfiguration (issue 4; design.md sections 3 to 5). Every replica also keeps
 //! a small report Lease and its readiness gate here.
 //!
-//! - `election`: leadership through kube-leader-election. Its Lease patches carry no
-//!   precondition, so it alone cannot make two writers impossible: every leader write carries
-//!   a resourceVersion precondition (replace with the version read, or create when absent) and
+//! - `election`: the claim, renewed every `--lease-renew`; `lease_lock`: the Lease itself,
+//!   created, taken, renewed and released with the resourceVersion just read, so two replicas
+//!   racing for a free Lease cannot both win. Every leader write also carries a
+//!   resourceVersion precondition (replace with the version read, or create when absent) and
 //!   re-checks the claim (Lease held, renew deadline not passed) right before it goes out; when
 //!   the claim is lost the leader task is aborted before any further write.
 //! - `certs`: CA (ECDSA P-256) and serving leaves with rcgen; parsing with x509-parser; chain
@@ -37,6 +38,7 @@ pub mod compiled_policy;
 pub mod controller;
 pub mod election;
 pub mod in_process;
+pub mod lease_lock;
 pub mod metrics;
 pub mod node_metrics;
 pub mod raw_allocatable;

@@ -1,0 +1,84 @@
+//! Leader election against a REAL kube-apiserver (tests/cluster's `kcp`): replicas racing for a
+//! free Lease (expired, or released) never both win. Every acquisition is a replace carrying the
+//! resourceVersion read, so the API server lets one through and answers the others 409; a
+//! merge patch without it (kube-leader-election 0.44, used before) let the chaos run see two
+//! replicas "acquire" the same expired Lease 5 ms apart. Needs the local control plane, so it
+//! is ignored for `cargo test` and run with `--ignored` (make test-e2e).
+
+mod common;
+
+use std::time::Duration;
+
+use common::ControlPlane;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube_overcommit::leader::lease_lock::{LeaseLock, Outcome};
+
+const RACERS: usize = 8;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the local control plane (make test-e2e)"]
+async fn racing_replicas_never_both_acquire_the_lease() {
+    let cp = ControlPlane::up();
+    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig()).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    let client = kube::Client::try_from(config).expect("client");
+    let api: Api<Lease> = Api::namespaced(client, "default");
+    let ttl = Duration::from_secs(2);
+    let locks: Vec<LeaseLock> = (0..RACERS)
+        .map(|i| LeaseLock::new(api.clone(), "race".into(), format!("replica-{i}"), ttl))
+        .collect();
+
+    // Rounds: none yet (create), then released by the winner (step down), then expired (the
+    // winner stops renewing for longer than the TTL).
+    let mut last_winner: Option<usize> = None;
+    for round in ["created", "released", "expired"] {
+        match (round, last_winner) {
+            ("released", Some(w)) => {
+                assert!(locks[w].step_down().await.expect("step down"), "{round}");
+            }
+            ("expired", Some(_)) => tokio::time::sleep(ttl + Duration::from_millis(500)).await,
+            _ => {}
+        }
+        let outcomes =
+            futures::future::join_all(locks.iter().map(|l| l.try_acquire_or_renew())).await;
+        let winners: Vec<usize> = outcomes
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| matches!(o, Ok(Outcome::Leading)))
+            .map(|(i, _)| i)
+            .collect();
+        for o in &outcomes {
+            assert!(o.is_ok(), "{round}: {o:?}");
+        }
+        // A racer that read the Lease after the winner's write sees it held and waits; one
+        // that read before writes and gets 409: either way exactly one leads.
+        assert_eq!(winners.len(), 1, "{round}: winners {winners:?}");
+        let stored = api.get("race").await.expect("lease");
+        let holder = stored
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        assert_eq!(holder, format!("replica-{}", winners[0]), "{round}");
+        // The winner renews; the others keep waiting.
+        assert_eq!(
+            locks[winners[0]]
+                .try_acquire_or_renew()
+                .await
+                .expect("renew"),
+            Outcome::Leading,
+            "{round}"
+        );
+        let other = (winners[0] + 1) % RACERS;
+        assert_eq!(
+            locks[other].try_acquire_or_renew().await.expect("try"),
+            Outcome::NotLeading,
+            "{round}"
+        );
+        eprintln!("{round}: replica-{} won, {} lost", winners[0], RACERS - 1);
+        last_winner = Some(winners[0]);
+    }
+}
