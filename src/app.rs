@@ -26,7 +26,7 @@ use crate::probes::{self, ProbeArgs, Readiness, ReadyFlag};
 use crate::server::certs::{CertReloader, CertResolver};
 use crate::server::{Server, ServerArgs, tls_config};
 use crate::shutdown::{self, Signal, Trigger};
-use crate::sources::pods::PodSinks;
+use crate::sources::pod_cache::PodCache;
 use crate::sources::usage::UsageCaches;
 use crate::sources::{self, PolicyStore, SourceArgs, file::FileSource};
 use crate::webhook::Webhook;
@@ -206,12 +206,14 @@ async fn start(
         flag: Default::default(),
     };
 
-    let usage = UsageCaches::new(shared.metrics.clone(), args.usage_interval);
+    // The lean pod index both the usage rule and the request cap read, fed by one pod watch.
+    let pods = PodCache::new(shared.metrics.clone());
+    let usage = UsageCaches::new(shared.metrics.clone(), args.usage_interval, pods.clone());
     let (detail, in_force) = (usage.clone(), store.clone());
     shared.readiness.add_detail("usage", move || {
         detail.detail(in_force.current().has_usage())
     });
-    let (placement, placement_tasks) = start_placement(args, shared, &usage).await?;
+    let (placement, placement_tasks) = start_placement(args, shared, &pods).await?;
     let usage_task = start_usage(args, shared, store.clone(), usage.clone(), args.request_cap)?;
     let webhook = Arc::new(Webhook {
         policies: store.cell(),
@@ -307,12 +309,12 @@ fn load_certificate(
     (resolver, reloader)
 }
 
-/// The node cache and pod index behind /validate, with `--request-cap`: the node watch, and
-/// the one pod watch, which feeds the usage pod index too.
+/// The caches behind /validate, with `--request-cap`: the node watch, and the one pod watch
+/// into the shared pod index (which usage policies read too), for as long as the replica serves.
 async fn start_placement(
     args: &ServeArgs,
     shared: &Shared,
-    usage: &Arc<UsageCaches>,
+    pods: &Arc<PodCache>,
 ) -> anyhow::Result<(
     Option<Arc<dyn crate::placement::PlacementSource>>,
     Vec<JoinHandle<()>>,
@@ -323,24 +325,30 @@ async fn start_placement(
     let client = kube::Client::try_default()
         .await
         .context("--request-cap watches nodes and pods: no Kubernetes client configuration")?;
-    let placement = sources::placement::WatchedPlacement::with_client(client.clone());
+    let placement = sources::placement::WatchedPlacement::new(pods.clone(), Some(client.clone()));
     let nodes = tokio::spawn(sources::placement::run(
         client.clone(),
         placement.clone(),
         shared.shutdown.clone(),
     ));
-    let sinks = PodSinks {
-        placement: Some(placement.clone()),
-        usage: Some(usage.clone()),
-    };
-    let pods = tokio::spawn(watch_pods(client, sinks, shared.shutdown.clone()));
-    Ok((Some(Arc::new(placement)), vec![nodes, pods]))
+    let watch = tokio::spawn(watch_pods(
+        client,
+        pods.clone(),
+        placement.clone(),
+        shared.shutdown.clone(),
+    ));
+    Ok((Some(Arc::new(placement)), vec![nodes, watch]))
 }
 
-/// The pod watch until `shutdown` says stop.
-async fn watch_pods(client: kube::Client, sinks: PodSinks, shutdown: Signal) {
+/// The pod watch, with the cap's ledger, until `shutdown` says stop.
+async fn watch_pods(
+    client: kube::Client,
+    pods: Arc<PodCache>,
+    placement: sources::placement::WatchedPlacement,
+    shutdown: Signal,
+) {
     tokio::select! {
-        () = sources::pods::watch(kube::Api::all(client), sinks) => {}
+        () = sources::pods::watch(kube::Api::all(client), pods, Some(placement)) => {}
         _ = shutdown.stopped() => {}
     }
 }

@@ -278,7 +278,7 @@ pub struct Metrics {
     pub usage_feeder_running: Family<UsageCacheLabels, Gauge>,
     /// Nodes with usage samples in the window.
     pub usage_nodes: Gauge,
-    /// Pods in the usage pod index.
+    /// Pods in the shared lean pod index (usage policies, the request cap).
     pub usage_pods: Gauge,
 }
 
@@ -440,7 +440,7 @@ impl Metrics {
         );
         root.register(
             "usage_pods",
-            "Pods in the usage pod index (non-terminal, bound or pending)",
+            "Pods in the lean pod index usage policies and the request cap read (non-terminal, bound or pending)",
             m.usage_pods.clone(),
         );
         root.register(

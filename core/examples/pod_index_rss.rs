@@ -5,7 +5,7 @@
 //!
 //!     cargo run --release -p kube-overcommit-core --example pod_index_rss [PODS] [NODES]
 
-use overcommit_core::pod_index::{Phase, PodIndex, Requested};
+use overcommit_core::pod_index::{Observed, Phase, PodIndex, Requested};
 
 /// VmRSS in KiB, from /proc/self/status.
 fn rss_kib() -> Option<u64> {
@@ -47,7 +47,13 @@ fn main() {
             cpu_millis: 100 + (i as u64 % 900),
             memory_bytes: (64 + (i as u64 % 960)) << 20,
         };
-        index.apply(key, Some(node), requested, Phase::Active);
+        let pod = Observed {
+            node: Some(node),
+            requested,
+            mirror: false,
+            phase: Phase::Active,
+        };
+        index.apply(key, pod);
     }
     let Some(after) = rss_kib() else {
         std::process::exit(1);

@@ -1,11 +1,13 @@
-//! The lean pod index the usage rule needs: per non-terminal pod, its node and what it requests
-//! of cpu and memory (as `crate::requests` counts them), and per node the sums, kept as pods
-//! come and go. Pure: the pod watch (`sources::pods`, I/O) applies its events here.
+//! The lean pod index the usage rule and the placement cap share: per non-terminal pod, its node,
+//! what it requests of cpu and memory (as `crate::requests` counts them; the cap's resources are
+//! cpu and memory only) and whether it is a mirror pod, and per node the sums, kept as pods come
+//! and go. Pure: the one pod watch (`sources::pods`, I/O) applies its events here.
 //!
-//! Compact: a pod is its `namespace/name` key, a node number and two `u64`s; node names are
-//! stored once. Pods without a node (pending, unscheduled) are kept, counted in no node's sum
-//! (the placement cap will need them). Terminal pods (`Succeeded`, `Failed`) are dropped: the
-//! scheduler no longer counts them either.
+//! Compact: a pod is its `namespace/name` key, a node number, a flag and two `u64`s (24 bytes
+//! beside the key); node names are stored once. Pods without a node (pending, unscheduled) are
+//! kept, counted in no node's sum: the cap reads a pod being bound from here. Terminal pods
+//! (`Succeeded`, `Failed`) are dropped: the scheduler no longer counts them either. A node's
+//! sums are one lookup ([`PodIndex::requested`]), whatever the number of its pods.
 
 use std::collections::HashMap;
 
@@ -35,12 +37,33 @@ pub struct Requested {
     pub memory_bytes: u64,
 }
 
+/// A pod as the watch last saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed<'a> {
+    /// `spec.nodeName`; None or empty while pending.
+    pub node: Option<&'a str>,
+    pub requested: Requested,
+    /// Carries `kubernetes.io/config.mirror` (the kubelet reporting a static pod).
+    pub mirror: bool,
+    pub phase: Phase,
+}
+
+/// A pod in the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Indexed<'a> {
+    /// None while pending.
+    pub node: Option<&'a str>,
+    pub requested: Requested,
+    pub mirror: bool,
+}
+
 /// No node.
 const UNBOUND: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     node: u32,
+    mirror: bool,
     requested: Requested,
 }
 
@@ -55,17 +78,21 @@ pub struct PodIndex {
 }
 
 impl PodIndex {
-    /// Apply a pod as the watch last saw it (added or modified).
-    pub fn apply(&mut self, key: &str, node: Option<&str>, requested: Requested, phase: Phase) {
-        if phase == Phase::Terminal {
+    /// Apply a pod as the watch last saw it (added or modified), by `namespace/name`.
+    pub fn apply(&mut self, key: &str, pod: Observed<'_>) {
+        if pod.phase == Phase::Terminal {
             self.remove(key);
             return;
         }
-        let node = match node.filter(|n| !n.is_empty()) {
+        let node = match pod.node.filter(|n| !n.is_empty()) {
             Some(name) => self.node_id(name),
             None => UNBOUND,
         };
-        let entry = Entry { node, requested };
+        let entry = Entry {
+            node,
+            mirror: pod.mirror,
+            requested: pod.requested,
+        };
         let previous = match self.pods.get_mut(key) {
             Some(slot) => Some(std::mem::replace(slot, entry)),
             None => {
@@ -93,6 +120,15 @@ impl PodIndex {
             .and_then(|id| self.sums.get(*id as usize))
             .copied()
             .unwrap_or((0, 0))
+    }
+
+    /// A pod by `namespace/name` (pending pods too).
+    pub fn get(&self, key: &str) -> Option<Indexed<'_>> {
+        self.pods.get(key).map(|entry| Indexed {
+            node: self.node_names.get(entry.node as usize).map(|n| &**n),
+            requested: entry.requested,
+            mirror: entry.mirror,
+        })
     }
 
     /// Pods indexed.
@@ -145,35 +181,72 @@ mod tests {
         }
     }
 
+    fn seen(node: Option<&str>, requested: Requested, phase: Phase) -> Observed<'_> {
+        Observed {
+            node,
+            requested,
+            mirror: false,
+            phase,
+        }
+    }
+
+    #[test]
+    fn an_entry_is_24_bytes_beside_its_key() {
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
+    }
+
     #[test]
     fn sums_follow_pods_as_they_come_move_and_go() {
         let mut index = PodIndex::default();
         let active = Phase::Active;
-        index.apply("ns/a", Some("n1"), r(500, 100), active);
-        index.apply("ns/b", Some("n1"), r(250, 50), active);
-        index.apply("ns/pending", None, r(1000, 1000), active);
-        index.apply("ns/c", Some("n2"), r(100, 10), active);
+        index.apply("ns/a", seen(Some("n1"), r(500, 100), active));
+        index.apply("ns/b", seen(Some("n1"), r(250, 50), active));
+        index.apply("ns/pending", seen(None, r(1000, 1000), active));
+        index.apply("ns/c", seen(Some("n2"), r(100, 10), active));
         assert_eq!(index.requested("n1"), (750, 150));
         assert_eq!(index.requested("n2"), (100, 10));
         assert_eq!(index.requested("n3"), (0, 0));
         assert_eq!(index.len(), 4);
         // Modified: resized in place, then bound (a pending pod gets its node).
-        index.apply("ns/a", Some("n1"), r(700, 100), active);
-        index.apply("ns/pending", Some("n2"), r(1000, 1000), active);
+        assert_eq!(
+            index.get("ns/pending").map(|p| (p.node, p.requested)),
+            Some((None, r(1000, 1000)))
+        );
+        index.apply("ns/a", seen(Some("n1"), r(700, 100), active));
+        index.apply("ns/pending", seen(Some("n2"), r(1000, 1000), active));
+        assert_eq!(
+            index.get("ns/pending").map(|p| (p.node, p.mirror)),
+            Some((Some("n2"), false))
+        );
         assert_eq!(index.requested("n1"), (950, 150));
         assert_eq!(index.requested("n2"), (1100, 1010));
         // Terminal pods and deletions leave the sums; deleting twice is harmless.
         index.apply(
             "ns/b",
-            Some("n1"),
-            r(250, 50),
-            Phase::from_status(Some("Succeeded")),
+            seen(
+                Some("n1"),
+                r(250, 50),
+                Phase::from_status(Some("Succeeded")),
+            ),
         );
         index.remove("ns/c");
         index.remove("ns/c");
         assert_eq!(index.requested("n1"), (700, 100));
         assert_eq!(index.requested("n2"), (1000, 1000));
         assert_eq!(index.len(), 2);
+        assert_eq!(index.get("ns/b"), None);
+        // An empty node name is no node; a mirror pod says so.
+        index.apply(
+            "kube-system/etcd-n3",
+            Observed {
+                mirror: true,
+                ..seen(Some(""), r(100, 0), active)
+            },
+        );
+        assert_eq!(
+            index.get("kube-system/etcd-n3").map(|p| (p.node, p.mirror)),
+            Some((None, true))
+        );
         assert_eq!(Phase::from_status(Some("Running")), Phase::Active);
         assert_eq!(Phase::from_status(None), Phase::Active);
         assert_eq!(Phase::from_status(Some("Failed")), Phase::Terminal);

@@ -8,6 +8,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use overcommit_core::pod_index::PodIndex;
+
 /// How long an allowed binding counts without the watch showing it.
 pub const LEDGER_TTL: Duration = Duration::from_secs(30);
 
@@ -75,6 +77,11 @@ impl Ledger {
         sum
     }
 
+    /// Keep only the pods `keep` says (a relist drops those it shows bound).
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.entries.retain(|pod, _| keep(pod));
+    }
+
     /// Drop entries older than the ttl.
     pub fn expire(&mut self, now: Instant) {
         let ttl = self.ttl;
@@ -89,4 +96,33 @@ impl Ledger {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+}
+
+/// What the pods on `node` request, as a binding check counts it: the node's sums in the pod
+/// index (bound, non-terminal pods), plus the bindings to it in the ledger, less `key`'s own
+/// (a pod bound already, or a binding retried, must not count against itself). Cpu and memory
+/// (the cap's resources), in millicores and bytes; a few lookups and a pass over the ledger,
+/// whatever the number of pods on the node.
+pub fn requested_on(
+    index: &PodIndex,
+    ledger: &Ledger,
+    node: &str,
+    key: &str,
+    now: Instant,
+) -> BTreeMap<String, u128> {
+    let (mut cpu, mut memory) = index.requested(node);
+    if let Some(own) = index.get(key).filter(|p| p.node == Some(node)) {
+        cpu = cpu.saturating_sub(u128::from(own.requested.cpu_millis));
+        memory = memory.saturating_sub(u128::from(own.requested.memory_bytes));
+    }
+    let mut sum: BTreeMap<String, u128> = [("cpu", cpu), ("memory", memory)]
+        .into_iter()
+        .filter(|(_, v)| *v > 0)
+        .map(|(r, v)| (r.to_string(), v))
+        .collect();
+    for (resource, value) in ledger.pending(node, key, now) {
+        let total = sum.entry(resource).or_insert(0);
+        *total = total.saturating_add(value);
+    }
+    sum
 }

@@ -23,8 +23,8 @@
 //!   (`Validated::lookup`) for a metric.
 
 pub mod ledger;
+pub mod node;
 pub mod pod;
-pub mod state;
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -49,9 +49,11 @@ pub struct NodeFacts {
     pub raw: BTreeMap<String, u128>,
 }
 
-/// Where the facts come from: the app's node cache, pod index and ledger.
+/// Where the facts come from: the app's node cache, the shared pod index and the ledger
+/// (`sources::placement`).
 pub trait PlacementSource: Send + Sync {
-    fn node(&self, name: &str) -> Option<NodeFacts>;
+    /// A node's facts, shared with the cache (no copy of its labels per review).
+    fn node(&self, name: &str) -> Option<Arc<NodeFacts>>;
     /// A pod by namespace and name (pending pods too).
     fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts>;
     /// The requests of the pods on `node` (bound, non-terminal), plus the bindings this replica

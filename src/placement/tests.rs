@@ -21,8 +21,8 @@ struct Fake {
 }
 
 impl PlacementSource for Fake {
-    fn node(&self, name: &str) -> Option<NodeFacts> {
-        self.nodes.get(name).cloned()
+    fn node(&self, name: &str) -> Option<Arc<NodeFacts>> {
+        self.nodes.get(name).cloned().map(Arc::new)
     }
     fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
         self.pods.get(&format!("{namespace}/{name}")).cloned()
@@ -398,13 +398,21 @@ fn k8s_pod(name: &str, node: Option<&str>, cpu: &str, phase: &str) -> Pod {
     serde_json::from_value(object).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The cap's view of the shared pod index and its ledger, fed as the pod watch feeds them
+/// (`sources::pods`): requested sums follow pods as they come and go, a pending pod is read
+/// from the index, and an allowed binding counts once, from the ledger until the watch shows
+/// the pod bound, from the index after.
 #[test]
-fn the_index_keeps_requested_sums_as_pods_come_and_go() {
-    use super::state::PlacementState;
-    let now = Instant::now();
-    let mut state = PlacementState::default();
+fn the_shared_index_and_the_ledger_give_requested_sums_as_pods_come_and_go() {
+    use crate::sources::placement::WatchedPlacement;
+    use crate::sources::pod_cache::{PodCache, index_pod};
+    use crate::sources::pods::{apply_event, delete_event, relist_event};
+    let pods = PodCache::new(Arc::new(crate::metrics::Metrics::new()));
+    let placement = WatchedPlacement::new(pods.clone(), None);
+    let source: &dyn PlacementSource = &placement;
     let cpu = |v| units(&[("cpu", v)]);
-    let requested = |s: &PlacementState, pod: &str| s.requested("n1", "ns", pod, now);
+    let requested = |pod: &str| source.requested("n1", "ns", pod);
+    let watch = |pod: &Pod| apply_event(&pods, Some(&placement), pod);
     for pod in [
         k8s_pod("a", Some("n1"), "1", "Running"),
         k8s_pod("b", Some("n1"), "500m", "Pending"),
@@ -412,62 +420,70 @@ fn the_index_keeps_requested_sums_as_pods_come_and_go() {
         k8s_pod("d", Some("n2"), "3", "Running"),
         k8s_pod("e", Some("n1"), "4", "Succeeded"),
     ] {
-        assert!(state.apply_pod(&pod).is_ok());
+        assert!(watch(&pod).is_ok());
     }
     assert_eq!(
-        requested(&state, "x"),
+        requested("x"),
         cpu(1500),
         "terminal and unbound pods do not count"
     );
     assert_eq!(
-        requested(&state, "a"),
+        requested("a"),
         cpu(500),
         "a pod's own requests are left out"
     );
-    assert_eq!(state.pod("ns", "c").map(|p| p.requests), Some(cpu(2000)));
+    assert_eq!(source.pod("ns", "c").map(|p| p.requests), Some(cpu(2000)));
+    assert_eq!(source.pod("ns", "e"), None);
     // c is allowed onto n1: counted from the ledger until the watch shows it bound.
-    state.allowed("ns", "c", "n1", &cpu(2000), now);
-    assert_eq!(requested(&state, "x"), cpu(3500));
-    assert!(
-        state
-            .apply_pod(&k8s_pod("c", Some("n1"), "2", "Running"))
-            .is_ok()
-    );
+    source.allowed("ns", "c", "n1", &cpu(2000));
+    assert_eq!(requested("x"), cpu(3500));
+    assert_eq!(requested("c"), cpu(1500), "its own binding is left out");
+    // Still pending in the watch's eyes (a status change): still from the ledger.
+    assert!(watch(&k8s_pod("c", None, "2", "Pending")).is_ok());
+    assert_eq!(requested("x"), cpu(3500));
+    assert!(watch(&k8s_pod("c", Some("n1"), "2", "Running")).is_ok());
     assert_eq!(
-        requested(&state, "x"),
+        requested("x"),
         cpu(3500),
         "counted once, from the index now"
     );
     // a finishes, b is deleted, c is resized.
-    assert!(
-        state
-            .apply_pod(&k8s_pod("a", Some("n1"), "1", "Failed"))
-            .is_ok()
-    );
-    state.delete_pod("ns", "b");
-    assert!(
-        state
-            .apply_pod(&k8s_pod("c", Some("n1"), "250m", "Running"))
-            .is_ok()
-    );
-    assert_eq!(requested(&state, "x"), cpu(250));
-    assert_eq!(state.pods_len(), 2);
+    assert!(watch(&k8s_pod("a", Some("n1"), "1", "Failed")).is_ok());
+    delete_event(&pods, Some(&placement), "ns/b");
+    assert!(watch(&k8s_pod("c", Some("n1"), "250m", "Running")).is_ok());
+    assert_eq!(requested("x"), cpu(250));
+    assert_eq!(pods.read().len(), 2);
     // An unreadable pod leaves the index.
-    assert!(
-        state
-            .apply_pod(&k8s_pod("c", Some("n1"), "1x", "Running"))
-            .is_err()
+    assert!(watch(&k8s_pod("c", Some("n1"), "1x", "Running")).is_err());
+    assert_eq!(requested("x"), cpu_none());
+    // A relist replaces the pods; the ledger keeps what the list does not show bound.
+    source.allowed("ns", "y", "n1", &cpu(100));
+    source.allowed("ns", "z", "n1", &cpu(7000));
+    let mut index = overcommit_core::pod_index::PodIndex::default();
+    assert!(index_pod(&mut index, &k8s_pod("z", Some("n1"), "7", "Running")).is_ok());
+    assert!(index_pod(&mut index, &k8s_pod("y", None, "100m", "Pending")).is_ok());
+    relist_event(&pods, Some(&placement), index);
+    assert_eq!(
+        requested("x"),
+        cpu(7100),
+        "z from the index, y from the ledger"
     );
-    assert_eq!(requested(&state, "x"), cpu_none());
-    // A relist replaces the pods.
-    let errors = state.replace_pods(&[k8s_pod("z", Some("n1"), "7", "Running")]);
-    assert!(errors.is_empty());
-    assert_eq!(requested(&state, "x"), cpu(7000));
+    // Memory is counted beside cpu.
+    let mut with_memory = k8s_pod("m", Some("n1"), "0", "Running");
+    if let Some(c) = with_memory
+        .spec
+        .as_mut()
+        .and_then(|s| s.containers.first_mut())
+    {
+        c.resources = serde_json::from_value(json!({"requests": {"memory": "1Gi"}})).ok();
+    }
+    assert!(watch(&with_memory).is_ok());
+    assert_eq!(requested("x"), units(&[("cpu", 7100), ("memory", 1 << 30)]));
 }
 
 #[test]
 fn node_facts_read_raw_allocatable() {
-    use super::state::node_facts;
+    use super::node::node_facts;
     use k8s_openapi::api::core::v1::Node;
     let node = |annotations: Value| -> Node {
         let object = json!({"metadata": {"name": "n1", "labels": {"pool": "a"},
@@ -520,7 +536,7 @@ struct Rendezvous<'a> {
 }
 
 impl PlacementSource for Rendezvous<'_> {
-    fn node(&self, name: &str) -> Option<NodeFacts> {
+    fn node(&self, name: &str) -> Option<Arc<NodeFacts>> {
         self.inner.node(name)
     }
     fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
@@ -616,7 +632,7 @@ struct HoldsWorker1<'a> {
 }
 
 impl PlacementSource for HoldsWorker1<'_> {
-    fn node(&self, name: &str) -> Option<NodeFacts> {
+    fn node(&self, name: &str) -> Option<Arc<NodeFacts>> {
         self.inner.node(name)
     }
     fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
@@ -689,7 +705,7 @@ struct Remote<'a> {
 }
 
 impl PlacementSource for Remote<'_> {
-    fn node(&self, name: &str) -> Option<NodeFacts> {
+    fn node(&self, name: &str) -> Option<Arc<NodeFacts>> {
         self.inner.node(name)
     }
     fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {

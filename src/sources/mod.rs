@@ -6,6 +6,7 @@ pub mod crd;
 pub mod file;
 pub mod node_metrics;
 pub mod placement;
+pub mod pod_cache;
 pub mod pods;
 pub mod usage;
 

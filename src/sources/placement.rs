@@ -1,10 +1,16 @@
-//! The node cache and pod index behind `/validate` (`--request-cap`), fed by two kube-runtime
-//! watchers: every Node, and the one pod watch of `serve` (`sources::pods`, which feeds the
-//! usage pod index from the same events). The state and the ledger are `placement::state`;
-//! this file is the I/O.
+//! The caches behind `/validate` (`--request-cap`): a node cache fed by a kube-runtime watch of
+//! every Node, the shared lean pod index (`sources::pod_cache::PodCache`, fed by the one pod watch
+//! of `serve`, which the usage rule reads too) and this replica's ledger
+//! (`placement::ledger`). This file is the I/O and the locking.
+//!
+//! Locks: the ledger's mutex is taken first, then the pod index's read (check) or write (watch)
+//! lock, so a pod the watch shows bound leaves the ledger in the same step as it enters its
+//! node's sum. A binding check holds them for a few lookups and a pass over the ledger's entries
+//! (bindings allowed in the last 30 s the watch has not shown yet); nothing is parsed or listed
+//! under them.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -15,86 +21,125 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
-use crate::placement::state::{PlacementState, node_facts};
+use super::pod_cache::PodCache;
+use crate::placement::ledger::{LEDGER_TTL, Ledger, requested_on};
+use crate::placement::node::node_facts;
 use crate::placement::{NodeFacts, PlacementSource, PodFacts};
 use crate::shutdown::Signal;
-use overcommit_core::quantity::QuantityError;
 
 /// How long /validate waits for a pod its index does not hold yet (one GET), within the
 /// webhook's `timeoutSeconds` (1 s at least): then the binding is allowed (fail open).
 pub const POD_GET_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// The watched state, shared by the watchers and the handler, and the client that reads a pod
-/// the watch has not shown yet.
-#[derive(Clone, Default)]
+type Nodes = HashMap<String, Arc<NodeFacts>>;
+
+/// The node cache, the shared pod index and the ledger, and the client that reads a pod the
+/// watch has not shown yet.
+#[derive(Clone)]
 pub struct WatchedPlacement {
-    state: Arc<Mutex<PlacementState>>,
+    nodes: Arc<RwLock<Nodes>>,
+    pods: Arc<PodCache>,
+    ledger: Arc<Mutex<Ledger>>,
     client: Option<kube::Client>,
 }
 
 impl std::fmt::Debug for WatchedPlacement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WatchedPlacement")
-            .field("state", &self.state)
+            .field("pods", &self.pods)
             .field("client", &self.client.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
 impl WatchedPlacement {
-    /// Empty state; pods missing from the index are read with `client`.
-    pub fn with_client(client: kube::Client) -> Self {
+    /// No nodes and an empty ledger, over the shared pod index; pods missing from the index
+    /// are read with `client` when there is one.
+    pub fn new(pods: Arc<PodCache>, client: Option<kube::Client>) -> Self {
         Self {
-            state: Arc::default(),
-            client: Some(client),
+            nodes: Arc::default(),
+            pods,
+            ledger: Arc::new(Mutex::new(Ledger::new(LEDGER_TTL))),
+            client,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, PlacementState> {
-        // A panic while holding the lock cannot leave the maps half-updated in a way that
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        // A panic while holding the lock cannot leave the ledger half-updated in a way that
         // matters more than failing open; keep serving.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A pod added or changed (the pod watch).
-    pub fn apply_pod(&self, pod: &Pod) -> Result<(), QuantityError> {
-        self.lock().apply_pod(pod)
+    /// Make a change to the pod index (the pod watch) holding the ledger's lock, then drop
+    /// `seen` (a pod the change shows bound, or gone) from the ledger: its requests count
+    /// from its node's sum from now on.
+    pub fn observe(&self, seen: Option<&str>, change: &mut dyn FnMut()) {
+        let mut ledger = self.ledger();
+        change();
+        if let Some(key) = seen {
+            ledger.seen_bound(key);
+        }
     }
 
-    pub fn delete_pod(&self, namespace: &str, name: &str) {
-        self.lock().delete_pod(namespace, name);
+    /// `replace` the pod index with a full list (the pod watch's (re)list) holding the
+    /// ledger's lock, then drop the ledger's pods the list shows bound.
+    pub fn relisted(&self, replace: impl FnOnce()) {
+        let mut ledger = self.ledger();
+        replace();
+        let index = self.pods.read();
+        ledger.retain(|key| index.get(key).is_none_or(|p| p.node.is_none()));
     }
 
-    /// Every pod (a watch restart's full list); the unreadable ones are returned.
-    pub fn replace_pods(&self, pods: &[Pod]) -> Vec<QuantityError> {
-        self.lock().replace_pods(pods)
+    fn set_nodes(&self, change: impl FnOnce(&mut Nodes)) {
+        change(&mut self.nodes.write().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// A node added or changed; an unreadable one leaves the cache (its placements fail open).
+    pub fn apply_node(&self, node: &Node) -> Result<(), crate::placement::node::NodeReadError> {
+        let name = node.name_any();
+        let read = node_facts(node);
+        self.set_nodes(|nodes| match &read {
+            Ok(facts) => {
+                nodes.insert(name, Arc::new(facts.clone()));
+            }
+            Err(_) => {
+                nodes.remove(&name);
+            }
+        });
+        read.map(|_| ())
     }
 }
 
+fn key(namespace: &str, name: &str) -> String {
+    let mut key = String::with_capacity(namespace.len() + name.len() + 1);
+    key.push_str(namespace);
+    key.push('/');
+    key.push_str(name);
+    key
+}
+
 impl PlacementSource for WatchedPlacement {
-    fn node(&self, name: &str) -> Option<NodeFacts> {
-        self.lock().node(name)
+    fn node(&self, name: &str) -> Option<Arc<NodeFacts>> {
+        self.nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
     }
     fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
-        self.lock().pod(namespace, name)
+        self.pods
+            .read()
+            .get(&key(namespace, name))
+            .map(|p| PodFacts::lean(p.requested, p.mirror))
     }
-    fn requested(
-        &self,
-        node: &str,
-        namespace: &str,
-        name: &str,
-    ) -> std::collections::BTreeMap<String, u128> {
-        self.lock().requested(node, namespace, name, Instant::now())
+    fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
+        let ledger = self.ledger();
+        let index = self.pods.read();
+        requested_on(&index, &ledger, node, &key(namespace, name), Instant::now())
     }
-    fn allowed(
-        &self,
-        namespace: &str,
-        name: &str,
-        node: &str,
-        requests: &std::collections::BTreeMap<String, u128>,
-    ) {
-        self.lock()
-            .allowed(namespace, name, node, requests, Instant::now());
+    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
+        self.ledger()
+            .record(&key(namespace, name), node, requests, Instant::now());
     }
     fn fetch_pod<'a>(
         &'a self,
@@ -117,7 +162,7 @@ impl PlacementSource for WatchedPlacement {
 }
 
 /// Watch nodes until `shutdown` says stop (pods come from `sources::pods`, which the app
-/// starts beside it with this state as one of its sinks).
+/// starts beside it over the same pod index and ledger).
 pub async fn run(client: kube::Client, placement: WatchedPlacement, shutdown: Signal) {
     tokio::select! {
         () = watch_nodes(Api::all(client), placement) => {}
@@ -128,7 +173,7 @@ pub async fn run(client: kube::Client, placement: WatchedPlacement, shutdown: Si
 async fn watch_nodes(api: Api<Node>, placement: WatchedPlacement) {
     let mut events =
         std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
-    let mut listing: Option<HashMap<String, NodeFacts>> = None;
+    let mut listing: Option<Nodes> = None;
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(e) => e,
@@ -144,22 +189,24 @@ async fn watch_nodes(api: Api<Node>, placement: WatchedPlacement) {
             Event::Init => listing = Some(HashMap::new()),
             Event::InitApply(node) => match (node_facts(&node), listing.as_mut()) {
                 (Ok(facts), Some(listing)) => {
-                    listing.insert(node.name_any(), facts);
+                    listing.insert(node.name_any(), Arc::new(facts));
                 }
                 (Err(e), _) => unreadable(&e),
                 (Ok(_), None) => {}
             },
             Event::InitDone => {
                 if let Some(listing) = listing.take() {
-                    placement.lock().replace_nodes(listing);
+                    placement.set_nodes(|nodes| *nodes = listing);
                 }
             }
             Event::Apply(node) => {
-                if let Err(e) = placement.lock().apply_node(&node) {
+                if let Err(e) = placement.apply_node(&node) {
                     unreadable(&e);
                 }
             }
-            Event::Delete(node) => placement.lock().delete_node(&node.name_any()),
+            Event::Delete(node) => placement.set_nodes(|nodes| {
+                nodes.remove(&node.name_any());
+            }),
         }
     }
 }

@@ -1,8 +1,18 @@
-//! The one watch of pods in `serve`: every pod not yet terminal (field selector
-//! `status.phase!=Succeeded,status.phase!=Failed`, so a pod that finishes arrives as a delete),
-//! applied to each index that needs it: the request cap's state (`--request-cap`) and the usage
-//! rule's lean pod index (`sources::usage`). One watch, whatever needs pods: the API server
-//! sends each pod event to a replica once.
+//! The one watch of pods in `serve`, feeding the lean pod index (`sources::pod_cache`, shared
+//! by the usage rule and the request cap): every pod not yet terminal (field selector
+//! `status.phase!=Succeeded,status.phase!=Failed`, so a pod that finishes arrives as a delete).
+//! One watch and one index, whatever needs pods: the API server sends each pod event to a
+//! replica once, and each pod is held once.
+//!
+//! Who runs the watch: `--request-cap` runs it for as long as the replica serves
+//! (`app::start_placement`); without it, the usage task runs it while a usage policy is in force
+//! (`sources::usage::run`). Either way every replica runs it, leader or not: both features
+//! answer reviews, which any replica serves.
+//!
+//! With the request cap, each pod event is applied under the cap's ledger lock
+//! ([`crate::sources::placement::WatchedPlacement::observe`]): a pod the watch shows bound
+//! leaves the ledger in the same step as it enters its node's sum, so a binding check never
+//! counts it twice or not at all.
 
 use std::sync::Arc;
 
@@ -12,37 +22,69 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use overcommit_core::pod_index::PodIndex;
+use overcommit_core::pod_index::{Phase, PodIndex};
+use overcommit_core::quantity::QuantityError;
 
 use super::placement::WatchedPlacement;
-use super::usage::UsageCaches;
+use super::pod_cache::{PodCache, index_pod, key, lean};
 
-/// Where pod events go.
-#[derive(Debug, Clone, Default)]
-pub struct PodSinks {
-    /// The request cap's node cache, pod index and ledger.
-    pub placement: Option<WatchedPlacement>,
-    /// The usage rule's requested sums per node.
-    pub usage: Option<Arc<UsageCaches>>,
+/// A pod added or changed, as the watch applies it: read (its requests counted) before any
+/// lock is taken, then applied; with `placement` (`--request-cap`) under its ledger's lock,
+/// dropping the pod from the ledger when it shows bound or terminal. An unreadable pod leaves
+/// the index (not counted, as if it had no requests) and is returned as the error; a binding of
+/// it this replica allowed keeps counting until the ledger's TTL.
+pub fn apply_event(
+    pods: &PodCache,
+    placement: Option<&WatchedPlacement>,
+    pod: &Pod,
+) -> Result<(), QuantityError> {
+    let key = key(pod);
+    let read = lean(pod);
+    let seen = read.as_ref().is_ok_and(|observed| {
+        observed.node.is_some_and(|n| !n.is_empty()) || observed.phase == Phase::Terminal
+    });
+    let mut change = || match &read {
+        Ok(observed) => pods.apply(&key, *observed),
+        Err(_) => pods.delete(&key),
+    };
+    match placement {
+        Some(placement) => placement.observe(seen.then_some(&*key), &mut change),
+        None => change(),
+    }
+    read.map(|_| ())
 }
 
-/// What a (re)list is building before it replaces the indexes at once.
-#[derive(Default)]
-struct Listing {
-    placement: Option<Vec<Pod>>,
-    usage: Option<PodIndex>,
+/// A pod deleted, as the watch applies it (with `placement`: it leaves the ledger too).
+pub fn delete_event(pods: &PodCache, placement: Option<&WatchedPlacement>, key: &str) {
+    let mut change = || pods.delete(key);
+    match placement {
+        Some(placement) => placement.observe(Some(key), &mut change),
+        None => change(),
+    }
+}
+
+/// A full list, as the watch applies it (with `placement`: the pods it shows bound leave the
+/// ledger).
+pub fn relist_event(pods: &PodCache, placement: Option<&WatchedPlacement>, index: PodIndex) {
+    match placement {
+        Some(placement) => placement.relisted(|| pods.replace(index)),
+        None => pods.replace(index),
+    }
 }
 
 fn unreadable(e: &dyn std::error::Error) {
     tracing::warn!(error = %e, "pod left out of the pod index (its placements are allowed; its requests are not counted)");
 }
 
-/// Watch pods until the stream ends (it does not: the watcher retries with a backoff); the
-/// caller stops it with the shutdown signal.
-pub async fn watch(api: Api<Pod>, sinks: PodSinks) {
+/// Watch pods into `pods` until the stream ends (it does not: the watcher retries with a
+/// backoff); the caller stops it (the shutdown signal, or aborting the task). With `placement`
+/// (`--request-cap`), the cap's ledger follows ([`apply_event`], [`delete_event`],
+/// [`relist_event`]).
+pub async fn watch(api: Api<Pod>, pods: Arc<PodCache>, placement: Option<WatchedPlacement>) {
     let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
     let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
-    let mut listing: Option<Listing> = None;
+    let mut listing: Option<PodIndex> = None;
+    let placement = placement.as_ref();
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(e) => e,
@@ -52,61 +94,28 @@ pub async fn watch(api: Api<Pod>, sinks: PodSinks) {
             }
         };
         match event {
-            Event::Init => {
-                listing = Some(Listing {
-                    placement: sinks.placement.as_ref().map(|_| Vec::new()),
-                    usage: sinks.usage.as_ref().map(|_| PodIndex::default()),
-                });
-            }
+            Event::Init => listing = Some(PodIndex::default()),
             Event::InitApply(pod) => {
-                let Some(listing) = listing.as_mut() else {
-                    continue;
-                };
-                if let Some(index) = listing.usage.as_mut()
-                    && let Err(e) = super::usage::apply_pod(index, &pod)
+                if let Some(index) = listing.as_mut()
+                    && let Err(e) = index_pod(index, &pod)
                 {
                     unreadable(&e);
-                }
-                if let Some(pods) = listing.placement.as_mut() {
-                    pods.push(pod);
                 }
             }
             Event::InitDone => {
-                let Some(done) = listing.take() else {
-                    continue;
-                };
-                if let (Some(placement), Some(pods)) = (&sinks.placement, done.placement) {
-                    for e in &placement.replace_pods(&pods) {
-                        unreadable(e);
-                    }
-                    tracing::info!(pods = pods.len(), "request cap's pod index listed");
-                }
-                if let (Some(usage), Some(index)) = (&sinks.usage, done.usage) {
-                    tracing::info!(pods = index.len(), "usage pod index listed");
-                    usage.replace_pods(index);
+                if let Some(index) = listing.take() {
+                    tracing::info!(pods = index.len(), "pod index listed");
+                    relist_event(&pods, placement, index);
                 }
             }
             Event::Apply(pod) => {
-                if let Some(placement) = &sinks.placement
-                    && let Err(e) = placement.apply_pod(&pod)
-                {
-                    unreadable(&e);
-                }
-                if let Some(usage) = &sinks.usage
-                    && let Err(e) = usage.apply_pod(&pod)
-                {
+                if let Err(e) = apply_event(&pods, placement, &pod) {
                     unreadable(&e);
                 }
             }
             Event::Delete(pod) => {
-                let namespace = pod.namespace().unwrap_or_default();
-                let name = pod.name_any();
-                if let Some(placement) = &sinks.placement {
-                    placement.delete_pod(&namespace, &name);
-                }
-                if let Some(usage) = &sinks.usage {
-                    usage.delete_pod(&namespace, &name);
-                }
+                let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+                delete_event(&pods, placement, &key);
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The usage caches of `serve`, behind [`NodeUsageSource`]: the lean pod index (requested sums
-//! per node, fed by `sources::pods`) and the NodeMetrics history (fed by [`poll`]: a list of
+//! per node; `sources::pod_cache::PodCache`, shared with the request cap, fed by the one pod watch)
+//! and the NodeMetrics history (fed by [`poll`]: a list of
 //! metrics.k8s.io every `--usage-interval`), both in `overcommit_core` (pure); this file is the
 //! I/O and the locking.
 //!
@@ -17,19 +18,15 @@
 //! policy that appears later starts from a fresh list and poll, never from old samples.
 //! `kube_overcommit_usage_feeder_running` says which feeders run.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use overcommit_core::node::history::{Poll, Sample, UsageHistory};
 use overcommit_core::node::usage::NodeUsage;
-use overcommit_core::pod_index::{Phase, PodIndex, Requested};
-use overcommit_core::quantity::QuantityError;
 
 use super::PolicyStore;
 use super::node_metrics::{self, MetricsError, NodeSample};
-use super::pods::PodSinks;
+use super::pod_cache::PodCache;
 use crate::admission::{Clock, NodeUsageSource};
 use crate::metrics::{Metrics, ReloadLabels, ReloadResult, UsageCache, UsageCacheLabels};
 use crate::shutdown::Signal;
@@ -40,8 +37,7 @@ const DEFAULT_KEEP: Duration = Duration::from_secs(15 * 60);
 /// The pod index and the usage history, shared by the feeders and the review path.
 #[derive(Debug)]
 pub struct UsageCaches {
-    pods: RwLock<PodIndex>,
-    pods_synced: AtomicBool,
+    pods: Arc<PodCache>,
     history: RwLock<UsageHistory>,
     metrics: Arc<Metrics>,
 }
@@ -56,47 +52,15 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A pod's index entry: `namespace/name`, node, cpu and memory requests as the scheduler
-/// counts them, phase.
-pub fn apply_pod(index: &mut PodIndex, pod: &Pod) -> Result<(), QuantityError> {
-    let key = format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    );
-    let phase = Phase::from_status(pod.status.as_ref().and_then(|s| s.phase.as_deref()));
-    let requests = match crate::pods::scheduler_requests(pod) {
-        Ok(requests) => requests,
-        Err(e) => {
-            // Unreadable: not counted (as if it had no requests), and said so.
-            index.remove(&key);
-            return Err(e);
-        }
-    };
-    let units = |resource: &str| {
-        requests
-            .get(resource)
-            .map_or(0, |v| u64::try_from(*v).unwrap_or(u64::MAX))
-    };
-    let requested = Requested {
-        cpu_millis: units("cpu"),
-        memory_bytes: units("memory"),
-    };
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-    index.apply(&key, node, requested, phase);
-    Ok(())
-}
-
 impl UsageCaches {
-    /// `poll_interval`: `--usage-interval` (a sample's staleness is counted in it).
-    pub fn new(metrics: Arc<Metrics>, poll_interval: Duration) -> Arc<Self> {
+    /// `poll_interval`: `--usage-interval` (a sample's staleness is counted in it); `pods`: the
+    /// shared pod index.
+    pub fn new(metrics: Arc<Metrics>, poll_interval: Duration, pods: Arc<PodCache>) -> Arc<Self> {
         let caches = Self {
-            pods: RwLock::new(PodIndex::default()),
-            pods_synced: AtomicBool::new(false),
+            pods,
             history: RwLock::new(UsageHistory::new(DEFAULT_KEEP, poll_interval)),
             metrics,
         };
-        caches.set_synced_gauge(UsageCache::pods, false);
         caches.set_synced_gauge(UsageCache::metrics, false);
         caches.set_running(Feeders::default());
         Arc::new(caches)
@@ -123,14 +87,6 @@ impl UsageCaches {
         self.metrics.usage_nodes.set(0);
     }
 
-    /// The pod watch feeding this index stopped: the index goes, not synced.
-    fn clear_pods(&self) {
-        *write(&self.pods) = PodIndex::default();
-        self.pods_synced.store(false, Ordering::Release);
-        self.set_synced_gauge(UsageCache::pods, false);
-        self.metrics.usage_pods.set(0);
-    }
-
     fn set_synced_gauge(&self, cache: UsageCache, synced: bool) {
         self.metrics
             .usage_synced
@@ -138,37 +94,9 @@ impl UsageCaches {
             .set(i64::from(synced));
     }
 
-    /// The pod watch listed every pod: the index is replaced at once.
-    pub fn replace_pods(&self, index: PodIndex) {
-        let len = index.len();
-        *write(&self.pods) = index;
-        self.pods_synced.store(true, Ordering::Release);
-        self.set_synced_gauge(UsageCache::pods, true);
-        self.metrics
-            .usage_pods
-            .set(i64::try_from(len).unwrap_or(i64::MAX));
-    }
-
-    /// A pod added or changed.
-    pub fn apply_pod(&self, pod: &Pod) -> Result<(), QuantityError> {
-        let mut index = write(&self.pods);
-        let result = apply_pod(&mut index, pod);
-        let len = index.len();
-        drop(index);
-        self.metrics
-            .usage_pods
-            .set(i64::try_from(len).unwrap_or(i64::MAX));
-        result
-    }
-
-    pub fn delete_pod(&self, namespace: &str, name: &str) {
-        let mut index = write(&self.pods);
-        index.remove(&format!("{namespace}/{name}"));
-        let len = index.len();
-        drop(index);
-        self.metrics
-            .usage_pods
-            .set(i64::try_from(len).unwrap_or(i64::MAX));
+    /// The shared pod index this reads.
+    pub fn pods(&self) -> &Arc<PodCache> {
+        &self.pods
     }
 
     /// Record one poll of metrics.k8s.io made at `now_ms`; samples are kept for `keep`.
@@ -227,7 +155,7 @@ impl UsageCaches {
         if !usage_policy {
             return None;
         }
-        let pods = self.pods_synced.load(Ordering::Acquire);
+        let pods = self.pods.synced();
         let (metrics, failing) = {
             let history = read(&self.history);
             (history.synced(), history.last_failed())
@@ -250,8 +178,8 @@ impl UsageCaches {
 
 impl NodeUsageSource for UsageCaches {
     fn node_usage(&self, node: &str, window: Duration) -> Option<NodeUsage> {
-        let requested = read(&self.pods).requested(node);
-        let pods_synced = self.pods_synced.load(Ordering::Acquire);
+        let requested = self.pods.read().requested(node);
+        let pods_synced = self.pods.synced();
         let now_ms = Clock::System.now_ms();
         Some(read(&self.history).usage(node, window, now_ms, requested, pods_synced))
     }
@@ -391,12 +319,9 @@ pub async fn run<F, Fut, E>(
             }
             if own_watch && pod_watch.is_none() {
                 tracing::info!("a usage policy is in force: watching pods");
-                let sinks = PodSinks {
-                    placement: None,
-                    usage: Some(caches.clone()),
-                };
                 let api = kube::Api::all(client);
-                pod_watch = Some(Task(tokio::spawn(super::pods::watch(api, sinks))));
+                let pods = caches.pods.clone();
+                pod_watch = Some(Task(tokio::spawn(super::pods::watch(api, pods, None))));
             }
         }
         if !want.poller
@@ -408,7 +333,7 @@ pub async fn run<F, Fut, E>(
         }
         if !own_watch && let Some(task) = pod_watch.take() {
             task.stop().await;
-            caches.clear_pods();
+            caches.pods.clear();
             tracing::info!("no usage policy in force: stopped watching pods");
         }
         caches.set_running(Feeders {
@@ -425,7 +350,11 @@ pub async fn run<F, Fut, E>(
 mod tests {
     use super::*;
     use crate::metrics::PolicySourceLabel;
+    use crate::sources::pod_cache::index_pod;
+    use k8s_openapi::api::core::v1::Pod;
     use overcommit_core::node::usage::UsageView;
+    use overcommit_core::pod_index::PodIndex;
+    use std::sync::atomic::Ordering;
 
     fn pod(json: serde_json::Value) -> Pod {
         serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"))
@@ -439,6 +368,18 @@ mod tests {
             ]},
             "status": {"phase": phase}
         }))
+    }
+
+    /// A pod event, as the watch applies it.
+    fn apply(
+        caches: &UsageCaches,
+        pod: &Pod,
+    ) -> Result<(), overcommit_core::quantity::QuantityError> {
+        let observed = crate::sources::pod_cache::lean(pod)?;
+        caches
+            .pods
+            .apply(&crate::sources::pod_cache::key(pod), observed);
+        Ok(())
     }
 
     fn sample(node: &str, at_ms: i64, cpu: u128) -> NodeSample {
@@ -460,7 +401,11 @@ mod tests {
     #[test]
     fn views_follow_pods_and_polls_and_say_when_not_synced() {
         let metrics = Arc::new(Metrics::new());
-        let caches = UsageCaches::new(metrics.clone(), Duration::from_secs(30));
+        let caches = UsageCaches::new(
+            metrics.clone(),
+            Duration::from_secs(30),
+            PodCache::new(metrics.clone()),
+        );
         assert_eq!(caches.detail(false), None); // no usage policy: nothing to say
         assert!(
             caches
@@ -469,14 +414,10 @@ mod tests {
         );
         // Listed: two pods on n1, one unreadable (left out, reported).
         let mut index = PodIndex::default();
-        assert!(apply_pod(&mut index, &bound("p1", "n1", "500m", "Running")).is_ok());
-        assert!(apply_pod(&mut index, &bound("bad", "n1", "lots", "Running")).is_err());
-        caches.replace_pods(index);
-        assert!(
-            caches
-                .apply_pod(&bound("p2", "n1", "250m", "Pending"))
-                .is_ok()
-        );
+        assert!(index_pod(&mut index, &bound("p1", "n1", "500m", "Running")).is_ok());
+        assert!(index_pod(&mut index, &bound("bad", "n1", "lots", "Running")).is_err());
+        caches.pods.replace(index);
+        assert!(apply(&caches, &bound("p2", "n1", "250m", "Pending")).is_ok());
         assert!(
             caches
                 .detail(true)
@@ -505,12 +446,8 @@ mod tests {
         );
         assert_eq!(caches.detail(true), None);
         // A pod finishing leaves the sum; a deleted one too.
-        assert!(
-            caches
-                .apply_pod(&bound("p2", "n1", "250m", "Succeeded"))
-                .is_ok()
-        );
-        caches.delete_pod("a", "p1");
+        assert!(apply(&caches, &bound("p2", "n1", "250m", "Succeeded")).is_ok());
+        caches.pods.delete("a/p1");
         assert_eq!(cpu(&caches, "n1").map(|v| v.requested), Some(0));
         // A failed poll: failing, said so, counted.
         caches.record_poll(now, DEFAULT_KEEP, &Err(MetricsError::Unavailable));
@@ -577,7 +514,11 @@ mod tests {
     /// Metrics, caches (30 s polls) and an empty policy store.
     fn parts() -> (Arc<Metrics>, Arc<UsageCaches>, PolicyStore) {
         let metrics = Arc::new(Metrics::new());
-        let caches = UsageCaches::new(metrics.clone(), Duration::from_secs(30));
+        let caches = UsageCaches::new(
+            metrics.clone(),
+            Duration::from_secs(30),
+            PodCache::new(metrics.clone()),
+        );
         let readiness = crate::probes::Readiness::new();
         let store = PolicyStore::new(metrics.clone(), readiness.condition("policies", false));
         (metrics, caches, store)
@@ -656,8 +597,8 @@ mod tests {
         wait_for(&metrics, &running).await;
         // Pretend both caches synced (the API server here refuses every connection).
         let mut index = PodIndex::default();
-        assert!(apply_pod(&mut index, &bound("p1", "n1", "500m", "Running")).is_ok());
-        caches.replace_pods(index);
+        assert!(index_pod(&mut index, &bound("p1", "n1", "500m", "Running")).is_ok());
+        caches.pods.replace(index);
         let now = Clock::System.now_ms();
         caches.record_poll(now, DEFAULT_KEEP, &Ok(vec![sample("n1", now, 900)]));
         assert!(cpu(&caches, "n1").is_some_and(|v| v.synced && v.requested == 500));
@@ -701,8 +642,8 @@ mod tests {
     async fn with_the_cap_watch_only_the_poller_follows_usage_policies() {
         let (metrics, caches, store) = parts();
         let mut index = PodIndex::default();
-        assert!(apply_pod(&mut index, &bound("p1", "n1", "500m", "Running")).is_ok());
-        caches.replace_pods(index);
+        assert!(index_pod(&mut index, &bound("p1", "n1", "500m", "Running")).is_ok());
+        caches.pods.replace(index);
         let (trigger, task) = spawn_run(&caches, &store, true, refused_clients);
         let usage = "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}";
         store.publish(policy_set(usage), PolicySourceLabel::file);
