@@ -299,7 +299,7 @@ pub fn decide_with_usage(
             if desired == raw {
                 raw_text.to_string()
             } else {
-                desired.to_string()
+                desired.to_text()
             }
         };
         if desired != incoming {
