@@ -266,70 +266,156 @@ impl Ord for Quantity {
     }
 }
 
-/// Canonical text, the way the API server prints it: the largest exact suffix.
-impl fmt::Display for Quantity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+/// How a quantity is printed: a whole number, then zeros and a suffix, or, beyond nano and
+/// exa, the mantissa with an exponent.
+enum Printed {
+    Units {
+        units: u128,
+        zeros: &'static str,
+        suffix: &'static str,
+    },
+    Exponent {
+        mantissa: u128,
+        exponent: i32,
+    },
+}
+
+impl Quantity {
+    /// Canonical text, the way the API server prints it: the largest exact suffix.
+    fn printed(&self) -> Printed {
+        let units = |units, zeros, suffix| Printed::Units {
+            units,
+            zeros,
+            suffix,
+        };
         if self.mantissa == 0 {
-            return f.write_str("0");
+            return units(0, "", "");
         }
         // Binary only for whole numbers of at least 1Ki, as the API server does.
         if self.format == Format::BinarySi
             && let Ok(exponent) = u32::try_from(self.exponent)
-            && let Some(units) = pow10(exponent).and_then(|p| self.mantissa.checked_mul(p))
-            && units >= 1024
+            && let Some(mut whole) = pow10(exponent).and_then(|p| self.mantissa.checked_mul(p))
+            && whole >= 1024
         {
-            return write_binary(f, units);
+            // The largest binary suffix that divides it exactly (plain number otherwise).
+            const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+            let mut power = 0;
+            while power < 6 && whole.is_multiple_of(1024) {
+                whole /= 1024;
+                power += 1;
+            }
+            return units(whole, "", SUFFIXES[power]);
         }
-        write_decimal(f, self.mantissa, self.exponent)
+        // A decimal suffix whose exponent is a multiple of three, as large as keeps the number
+        // whole (1500m, 2, 4k): the smallest multiple of 3 at or below the exponent.
+        let suffix_exp = self.exponent.div_euclid(3) * 3;
+        let suffix = match suffix_exp {
+            -9 => "n",
+            -6 => "u",
+            -3 => "m",
+            0 => "",
+            3 => "k",
+            6 => "M",
+            9 => "G",
+            12 => "T",
+            15 => "P",
+            18 => "E",
+            // Beyond nano or exa: an exponent (exact, and short whatever the input said).
+            _ => {
+                return Printed::Exponent {
+                    mantissa: self.mantissa,
+                    exponent: self.exponent,
+                };
+            }
+        };
+        // 0, 1 or 2 zeros: the exponent is at most 2 above the suffix's.
+        let zeros = "00"
+            .get(..(self.exponent - suffix_exp) as usize)
+            .unwrap_or_default();
+        units(self.mantissa, zeros, suffix)
+    }
+
+    /// `to_string()`, without the formatting machinery (~500 instructions a quantity, a few
+    /// per node review): the digits are written straight into the string.
+    pub fn to_text(&self) -> String {
+        let Printed::Units {
+            units,
+            zeros,
+            suffix,
+        } = self.printed()
+        else {
+            return self.to_string();
+        };
+        let mut digits = Digits::default();
+        let digits = digits.of(units);
+        let mut text = String::with_capacity(digits.len() + zeros.len() + suffix.len());
+        for piece in [digits, zeros, suffix] {
+            text.push_str(piece);
+        }
+        text
     }
 }
 
-/// `units` with the largest binary suffix that divides it exactly (plain number otherwise).
-fn write_binary(f: &mut fmt::Formatter<'_>, mut units: u128) -> fmt::Result {
-    const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
-    let mut power = 0;
-    while power < 6 && units.is_multiple_of(1024) {
-        units /= 1024;
-        power += 1;
-    }
-    write_units(f, units)?;
-    f.write_str(SUFFIXES[power])
-}
+/// Room for the decimal digits of any u128 (39 of them).
+struct Digits([u8; 40]);
 
-/// A whole number: through u64 when it fits (u128's formatting divides in 128 bits).
-fn write_units(f: &mut fmt::Formatter<'_>, units: u128) -> fmt::Result {
-    match u64::try_from(units) {
-        Ok(small) => write!(f, "{small}"),
-        Err(_) => write!(f, "{units}"),
+impl Default for Digits {
+    fn default() -> Self {
+        Digits([0; 40])
     }
 }
 
-/// `mantissa × 10^exponent` with a decimal suffix whose exponent is a multiple of three, as
-/// large as keeps the number whole (1500m, 2, 4k); below nano or beyond exa, an exponent.
-fn write_decimal(f: &mut fmt::Formatter<'_>, mantissa: u128, exponent: i32) -> fmt::Result {
-    // Smallest multiple of 3 at or below the exponent, so the printed number is whole.
-    let suffix_exp = exponent.div_euclid(3) * 3;
-    let suffix = match suffix_exp {
-        -9 => "n",
-        -6 => "u",
-        -3 => "m",
-        0 => "",
-        3 => "k",
-        6 => "M",
-        9 => "G",
-        12 => "T",
-        15 => "P",
-        18 => "E",
-        // Beyond nano or exa: an exponent (exact, and short whatever the input said).
-        _ => return write!(f, "{mantissa}e{exponent}"),
-    };
-    // 0, 1 or 2 zeros: the exponent is at most 2 above the suffix's.
-    let zeros = "00"
-        .get(..(exponent - suffix_exp) as usize)
-        .unwrap_or_default();
-    write_units(f, mantissa)?;
-    f.write_str(zeros)?;
-    f.write_str(suffix)
+impl Digits {
+    /// The decimal digits of `n`, as `Display` writes them.
+    fn of(&mut self, mut n: u128) -> &str {
+        let mut at = self.0.len();
+        // Through u64 where it fits (u128 division is a call per digit).
+        let mut small = u64::try_from(n).ok();
+        loop {
+            let digit = match small.as_mut() {
+                Some(s) => {
+                    let digit = *s % 10;
+                    *s /= 10;
+                    digit as u8
+                }
+                None => {
+                    let digit = n % 10;
+                    n /= 10;
+                    small = u64::try_from(n).ok();
+                    digit as u8
+                }
+            };
+            at -= 1;
+            if let Some(slot) = self.0.get_mut(at) {
+                *slot = b'0' + digit;
+            }
+            if small == Some(0) || at == 0 {
+                break;
+            }
+        }
+        std::str::from_utf8(self.0.get(at..).unwrap_or_default()).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for Quantity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.printed() {
+            Printed::Units {
+                units,
+                zeros,
+                suffix,
+            } => {
+                // Through u64 when it fits (u128's formatting divides in 128 bits).
+                match u64::try_from(units) {
+                    Ok(small) => write!(f, "{small}")?,
+                    Err(_) => write!(f, "{units}")?,
+                }
+                f.write_str(zeros)?;
+                f.write_str(suffix)
+            }
+            Printed::Exponent { mantissa, exponent } => write!(f, "{mantissa}e{exponent}"),
+        }
+    }
 }
 
 /// An overcommit multiplier: a decimal between 1 and 10 with at most 6 decimals, exact.
@@ -597,6 +683,39 @@ mod tests {
         ];
         for (units, format, printed) in cases {
             assert_eq!(Quantity::from_units(units, 0, format).to_string(), printed);
+        }
+    }
+
+    #[test]
+    fn to_text_is_to_string() {
+        // Mantissas around every power of ten and of two, the u64 edge and beyond, at every
+        // scale a quantity is built with and a few beyond nano and exa, in both formats.
+        let mut mantissas = vec![0u128, 1, 7, 999, 1024, 1536, u128::MAX];
+        for p in 0..39 {
+            mantissas.extend([10u128.pow(p) - 1, 10u128.pow(p), 10u128.pow(p) + 1]);
+        }
+        for p in 0..127 {
+            mantissas.extend([(1u128 << p) - 1, 1u128 << p, (1u128 << p) + 1]);
+        }
+        mantissas.extend([u128::from(u64::MAX), u128::from(u64::MAX) + 1]);
+        for mantissa in mantissas {
+            for format in [Format::BinarySi, Format::DecimalSi] {
+                for exponent in [-40, -12, -10, -9, -7, -3, -2, -1, 0, 1, 2, 3, 5, 18, 20, 21] {
+                    let quantity = Quantity::new(mantissa, exponent, format);
+                    assert_eq!(quantity.to_text(), quantity.to_string(), "{quantity:?}");
+                }
+            }
+        }
+        for text in [
+            "79886391705",
+            "23835m",
+            "220",
+            "62Gi",
+            "1.5Gi",
+            "32780744Ki",
+            "1e21",
+        ] {
+            assert_eq!(q(text).to_text(), q(text).to_string(), "{text}");
         }
     }
 

@@ -72,13 +72,24 @@ impl<'a, V> VecMap<'a, V> {
         true
     }
 
+    /// Where `key` is. A small map (most are: quantities, the overcommit annotations) is
+    /// scanned: comparing lengths first leaves one byte comparison, where a binary search
+    /// compares bytes (a `memcmp` call) at every step.
+    fn position(&self, key: &str) -> Option<usize> {
+        const SCANNED: usize = 8;
+        if self.entries.len() <= SCANNED {
+            return self.entries.iter().position(|(k, _)| k.as_ref() == key);
+        }
+        self.find(key).ok()
+    }
+
     pub fn get(&self, key: &str) -> Option<&V> {
-        let at = self.find(key).ok()?;
+        let at = self.position(key)?;
         self.entries.get(at).map(|(_, value)| value)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
-        self.find(key).is_ok()
+        self.position(key).is_some()
     }
 
     pub fn len(&self) -> usize {
@@ -196,5 +207,36 @@ mod tests {
         }
         assert!(StrMap::new().is_empty());
         assert_eq!(StrMap::new().get(""), None);
+    }
+
+    /// Lookups in maps of every size around the scanned limit: each key found with its value,
+    /// keys beside them (shorter, longer, between) not.
+    #[test]
+    fn lookups_find_every_key_at_every_size() {
+        let keys: Vec<String> = (0..20).map(|n| format!("k{:02}", n * 2)).collect();
+        for size in 0..keys.len() {
+            let map: StrMap<'_> = keys
+                .iter()
+                .take(size)
+                .map(|k| (Cow::Borrowed(k.as_str()), Cow::Owned(format!("v{k}"))))
+                .collect();
+            for (n, key) in keys.iter().enumerate() {
+                let expected = (n < size).then(|| format!("v{key}"));
+                assert_eq!(
+                    map.get(key).map(|v| v.to_string()),
+                    expected,
+                    "{key} in {size}"
+                );
+                assert_eq!(map.contains_key(key), n < size, "{key} in {size}");
+                for absent in [
+                    format!("k{:02}", n * 2 + 1),
+                    format!("{key}0"),
+                    key[..2].into(),
+                ] {
+                    assert_eq!(map.get(&absent), None, "{absent} in {size}");
+                    assert!(!map.contains_key(&absent), "{absent} in {size}");
+                }
+            }
+        }
     }
 }

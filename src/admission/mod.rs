@@ -597,8 +597,10 @@ fn decide_request(
                 conditions: stored_conditions,
                 ..NodeView::default()
             });
-            // Quiet heartbeats: status updates only (a registration has no stored node).
-            let quiet = (operation == "UPDATE").then(|| Quiet {
+            // Quiet heartbeats: status updates only (a registration has no stored node); the
+            // clock is read only when they are on (the rule ignores a zero refresh).
+            let quiet_on = operation == "UPDATE" && !settings.heartbeat_refresh.is_zero();
+            let quiet = quiet_on.then(|| Quiet {
                 now_ms: settings.clock.now_ms(),
                 refresh: settings.heartbeat_refresh,
             });

@@ -670,9 +670,10 @@ fn read_request<'a>(
                 // The API server writes oldObject after every field the rules read: when the
                 // stored annotations are not needed, the rest of the body is not read at all.
                 let stored_conditions = needs_stored_conditions(&request, needs);
+                let stored_annotations = needs_stored_annotations(&request, needs);
                 if node_fields_known
                     && object_error.is_none()
-                    && !needs_stored_annotations(&request, needs)
+                    && !stored_annotations
                     && !stored_conditions
                     && classify(request.kind.as_ref(), request.resource.as_ref())
                         == ReviewResource::Node
@@ -688,12 +689,10 @@ fn read_request<'a>(
                 if !kind_resource_object_known {
                     let span = members.skip_value().map_err(scan_error(body))?;
                     old_object = Some(span);
-                } else if object_error.is_none()
-                    && (stored_conditions || needs_stored_annotations(&request, needs))
-                {
+                } else if object_error.is_none() && (stored_conditions || stored_annotations) {
                     // With the stored conditions read, nothing after them is needed.
                     let reads = OldReads {
-                        annotations: needs_stored_annotations(&request, needs),
+                        annotations: stored_annotations,
                         conditions: stored_conditions,
                         may_stop: stored_conditions && node_fields_known && unread_from.is_some(),
                     };

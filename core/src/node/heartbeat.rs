@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::Account;
-use crate::patch::{PatchOp, pointer};
+use crate::patch::PatchOp;
 
 /// A node condition as read from a review: every field optional (the API server writes a zero
 /// time as `null`), borrowed from the body where it can be.
@@ -120,15 +120,16 @@ pub fn keep_stored(
 ) -> (bool, Vec<HeartbeatLine>) {
     let mut kept = false;
     let mut lines = Vec::new();
+    // The kubelet writes one heartbeat time into every condition: read once.
+    let mut last_read = None;
     for (index, condition) in incoming.iter().enumerate() {
-        let verdict = verdict(condition, stored, quiet);
+        let verdict = verdict(condition, stored, quiet, &mut last_read);
         if let Verdict::Kept { .. } = verdict
             && let Some(time) = stored_heartbeat(condition, stored)
         {
             kept = true;
-            let index = index.to_string();
             patch.push(PatchOp::Add {
-                path: pointer(["status", "conditions", &index, "lastHeartbeatTime"]),
+                path: heartbeat_path(index),
                 value: Value::String(time.to_string()),
             });
         }
@@ -140,6 +141,31 @@ pub fn keep_stored(
         }
     }
     (kept, lines)
+}
+
+/// `/status/conditions/INDEX/lastHeartbeatTime`, in one allocation (what `pointer` makes of
+/// those segments: none needs an escape).
+fn heartbeat_path(index: usize) -> String {
+    const HEAD: &str = "/status/conditions/";
+    const TAIL: &str = "/lastHeartbeatTime";
+    // The index's digits, last first.
+    let mut digits = [0u8; 20];
+    let (mut rest, mut count) = (index, 0);
+    while let Some(slot) = digits.get_mut(count) {
+        *slot = b'0' + (rest % 10) as u8;
+        count += 1;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let mut path = String::with_capacity(HEAD.len() + count + TAIL.len());
+    path.push_str(HEAD);
+    for &digit in digits.iter().take(count).rev() {
+        path.push(char::from(digit));
+    }
+    path.push_str(TAIL);
+    path
 }
 
 fn counterpart<'s, 'a>(
@@ -156,7 +182,14 @@ fn stored_heartbeat<'s>(condition: &Condition<'_>, stored: &'s [Condition<'_>]) 
         .as_deref()
 }
 
-fn verdict(condition: &Condition<'_>, stored: &[Condition<'_>], quiet: Quiet) -> Verdict {
+/// `last_read`: the last stored time read and its value, which the next condition's usually
+/// repeats.
+fn verdict<'s>(
+    condition: &Condition<'_>,
+    stored: &'s [Condition<'_>],
+    quiet: Quiet,
+    last_read: &mut Option<(&'s str, Option<i64>)>,
+) -> Verdict {
     let Some(old) = counterpart(condition, stored) else {
         return Verdict::NotStored;
     };
@@ -181,7 +214,15 @@ fn verdict(condition: &Condition<'_>, stored: &[Condition<'_>], quiet: Quiet) ->
         return Verdict::AsStored;
     }
     // Only the stored time is read: it is what would be written.
-    let Some(kept_ms) = timestamp_ms(kept) else {
+    let kept_ms = match *last_read {
+        Some((text, ms)) if text == kept => ms,
+        _ => {
+            let ms = timestamp_ms(kept);
+            *last_read = Some((kept, ms));
+            ms
+        }
+    };
+    let Some(kept_ms) = kept_ms else {
         return Verdict::Unreadable;
     };
     let stored_age_ms = quiet.now_ms.saturating_sub(kept_ms);

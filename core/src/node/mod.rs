@@ -140,19 +140,24 @@ pub struct NodeDecision {
     pub usage_fallbacks: FallbackSet,
 }
 
-/// What this webhook recorded for `resource`, if anything: the raw text and value, and the
-/// allocatable it wrote from them.
+/// What this webhook recorded for `resource`, if anything: the raw text and value, the
+/// allocatable it wrote from them, and the ratio it was written by (none: not inflated by one).
 fn recorded<'r>(
     recorded: &'r Recorded<'_>,
     resource: &str,
-) -> Option<(&'r RawRecord<'r>, Result<Quantity, InflateError>)> {
+) -> Option<(
+    &'r RawRecord<'r>,
+    Result<Quantity, InflateError>,
+    Option<&'r Ratio>,
+)> {
     let (raw, how) = recorded.get(resource)?;
-    let written = match how {
-        Written::Ratio(Some(ratio)) if !ratio.is_one() => inflate(resource, &raw.1, ratio),
-        Written::Ratio(_) => Ok(raw.1),
-        Written::Usage(value) => Ok(*value),
-    };
-    Some((raw, written))
+    Some(match how {
+        Written::Ratio(Some(ratio)) if !ratio.is_one() => {
+            (raw, inflate(resource, &raw.1, ratio), Some(ratio))
+        }
+        Written::Ratio(_) => (raw, Ok(raw.1), None),
+        Written::Usage(value) => (raw, Ok(*value), None),
+    })
 }
 
 /// Decide the node's allocatable and annotations. `stored` is the node as stored (the review's
@@ -235,9 +240,10 @@ pub fn decide_with_usage(
             None => None,
             Some(u) => u.targets.get(resource).map(|target| (u, target)),
         };
-        let previous_raw = match previous.as_ref().and_then(|p| recorded(p, resource)) {
-            Some((raw, written)) => Some((raw, written?)),
-            None => None,
+        let (previous_raw, written_by) = match previous.as_ref().and_then(|p| recorded(p, resource))
+        {
+            Some((raw, written, by)) => (Some((raw, written?)), by),
+            None => (None, None),
         };
         if ratio.is_none() && previous_raw.is_none() && usage_target.is_none() {
             continue; // neither inflated before nor now: not ours
@@ -291,7 +297,19 @@ pub fn decide_with_usage(
                     check_capacity(resource, &incoming, incoming_text, node.capacity)?;
                 }
                 raw_record.push((resource, raw_text));
-                inflate(resource, &raw, ratio)?
+                match previous_raw {
+                    // Already inflated in `recorded`, from the same raw value (the same
+                    // mantissa, exponent and format: quantities are normalised) by the same
+                    // ratio: the kubelet's usual status write.
+                    Some(((_, recorded_raw), written))
+                        if written_by == Some(ratio)
+                            && *recorded_raw == raw
+                            && recorded_raw.format() == raw.format() =>
+                    {
+                        written
+                    }
+                    _ => inflate(resource, &raw, ratio)?,
+                }
             }
             (None, None) => raw,
         };
@@ -299,7 +317,7 @@ pub fn decide_with_usage(
             if desired == raw {
                 raw_text.to_string()
             } else {
-                desired.to_string()
+                desired.to_text()
             }
         };
         if desired != incoming {
