@@ -80,9 +80,9 @@ pub struct ServeArgs {
     /// Quiet heartbeats: on a node this webhook inflates, a status update whose conditions
     /// differ from the stored ones only in their lastHeartbeatTime gets the stored times back
     /// while those are younger than this, so that it stores nothing. Set it to the kubelets'
-    /// nodeStatusReportFrequency (5m by default): a heartbeat is then stored as often as on a
-    /// node without the webhook. 0 (the default, for now: README) turns it off.
-    #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "0", value_parser = duration_arg)]
+    /// nodeStatusReportFrequency (5m by default, the default here too): a heartbeat is then
+    /// stored as often as on a node without the webhook. 0 turns it off.
+    #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "5m", value_parser = duration_arg)]
     pub heartbeat_refresh: Duration,
 
     /// Which path serves the static policies' node rule: `webhook` (this server),

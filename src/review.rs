@@ -41,7 +41,7 @@ pub struct ReviewArgs {
     )]
     pub own_namespace: String,
     /// Quiet heartbeats' refresh period, as `serve --heartbeat-refresh` (0: off).
-    #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "0", value_parser = duration_arg)]
+    #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "5m", value_parser = duration_arg)]
     pub heartbeat_refresh: Duration,
     /// The time of the review (RFC 3339, e.g. 2026-11-24T02:00:00Z), to replay a decision
     /// whose heartbeat ages matter; default: now.

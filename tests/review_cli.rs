@@ -258,7 +258,14 @@ fn review_explains_each_heartbeat() {
         "{explained}"
     );
 
-    let off = run(&args(&[]), None);
+    // On by default (5m), as serve; 0 turns it off.
+    let by_default = run(&args(&["--now", "2026-11-21T20:58:30Z"]), None);
+    let explained = String::from_utf8_lossy(&by_default.stderr);
+    assert!(
+        explained.contains("Ready: heartbeat kept: stored 20s old, refresh 5m"),
+        "{explained}"
+    );
+    let off = run(&args(&["--heartbeat-refresh", "0"]), None);
     let explained = String::from_utf8_lossy(&off.stderr);
     assert!(!explained.contains("heartbeat"), "{explained}");
 
