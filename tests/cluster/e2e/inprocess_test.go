@@ -109,20 +109,40 @@ func (e *ipEnv) refreshFlag() string {
 	return e.refresh
 }
 
-func TestInProcessMatchesWebhook(t *testing.T) {
+// newIPEnv: the binary, clients, a context of 3 minutes; the compiled objects are deleted at the
+// end.
+func newIPEnv(t *testing.T, refresh string) *ipEnv {
+	t.Helper()
 	bin, err := install.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	dyn, err := dynamic.NewForConfig(shared.RestConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &ipEnv{t: t, ctx: ctx, bin: bin, dir: t.TempDir(), admin: shared.Client, dyn: dyn, config: shared.RestConfig}
-	capacity := corev1.ResourceList{"cpu": resource.MustParse("16"), "memory": resource.MustParse("64Gi"), "pods": resource.MustParse("110")}
-	raw := corev1.ResourceList{"cpu": resource.MustParse("15890m"), "memory": resource.MustParse("62Gi"), "pods": resource.MustParse("110")}
+	t.Cleanup(func() {
+		bg := context.Background()
+		_ = dyn.Resource(mabGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
+		_ = dyn.Resource(mapGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
+	})
+	return &ipEnv{t: t, ctx: ctx, bin: bin, dir: t.TempDir(), admin: shared.Client, dyn: dyn, config: shared.RestConfig, refresh: refresh}
+}
+
+// ipCapacity and ipRaw: a node's capacity and the kubelet's allocatable.
+func ipCapacity() corev1.ResourceList {
+	return corev1.ResourceList{"cpu": resource.MustParse("16"), "memory": resource.MustParse("64Gi"), "pods": resource.MustParse("110")}
+}
+
+func ipRaw() corev1.ResourceList {
+	return corev1.ResourceList{"cpu": resource.MustParse("15890m"), "memory": resource.MustParse("62Gi"), "pods": resource.MustParse("110")}
+}
+
+func TestInProcessMatchesWebhook(t *testing.T) {
+	e := newIPEnv(t, "")
+	capacity, raw := ipCapacity(), ipRaw()
 	e.policies(ipPolicies)
 	// Registered before the compiled policy exists (so stored as sent): node A, and node D with
 	// the JSON annotations of an earlier version, its allocatable inflated by them.
@@ -134,11 +154,6 @@ func TestInProcessMatchesWebhook(t *testing.T) {
 	inflated := corev1.ResourceList{"cpu": resource.MustParse("23835m"), "memory": resource.MustParse("79886391705"), "pods": resource.MustParse("110")}
 	d := e.create("ip-d", map[string]string{"ip": "batch"}, oldAnn, capacity, inflated)
 	e.install(ipPolicies)
-	t.Cleanup(func() {
-		bg := context.Background()
-		_ = dyn.Resource(mabGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
-		_ = dyn.Resource(mapGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
-	})
 
 	// Node A: the compounding sequences under ip-batch.
 	// The policy takes effect once the API server has loaded it: kubelet writes until then.
@@ -242,19 +257,8 @@ func TestInProcessMatchesWebhook(t *testing.T) {
 // later than the last. The node has a Lease renewed by the test, so that the node lifecycle
 // controller never marks it Unknown while its stored heartbeats stand still.
 func TestInProcessQuietHeartbeats(t *testing.T) {
-	bin, err := install.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	dyn, err := dynamic.NewForConfig(shared.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &ipEnv{t: t, ctx: ctx, bin: bin, dir: t.TempDir(), admin: shared.Client, dyn: dyn, config: shared.RestConfig, refresh: "5m"}
-	capacity := corev1.ResourceList{"cpu": resource.MustParse("16"), "memory": resource.MustParse("64Gi"), "pods": resource.MustParse("110")}
-	raw := corev1.ResourceList{"cpu": resource.MustParse("15890m"), "memory": resource.MustParse("62Gi"), "pods": resource.MustParse("110")}
+	e := newIPEnv(t, "5m")
+	capacity, raw := ipCapacity(), ipRaw()
 	base := time.Now().UTC().Truncate(time.Second)
 	at := func(d time.Duration) metav1.Time { return metav1.NewTime(base.Add(d)) }
 	transition := at(-time.Hour)
@@ -275,11 +279,6 @@ func TestInProcessQuietHeartbeats(t *testing.T) {
 	h := e.create("ip-h", map[string]string{"ip": "batch"}, nil, capacity, raw, kubelet(at(-10*time.Minute))...)
 	e.renewLease(h)
 	e.install(ipPolicies)
-	t.Cleanup(func() {
-		bg := context.Background()
-		_ = dyn.Resource(mabGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
-		_ = dyn.Resource(mapGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
-	})
 	e.waitInflated(h, raw) // heartbeats as stored meanwhile
 
 	e.beat(h, "stored heartbeats older than the refresh period", raw, kubelet(at(-60*time.Second)), false)
