@@ -452,7 +452,8 @@ const MAX_REFRESH: Duration = Duration::from_secs(100 * 365 * 86_400);
 /// when the refresh period is off (zero, or below the millisecond the webhook counts in).
 /// Cheapest test first: a heartbeat sent as stored (a writer other than the kubelet) needs no
 /// lookup of the other fields and no time parsed. Every field is tested for presence and type
-/// first, so no node makes the expression fail (which would drop the whole mutation).
+/// first, so no node makes the expression fail (which would drop the whole mutation); a time
+/// present is an RFC 3339 text `timestamp` reads, as the API server holds no other.
 fn beats(refresh: Duration) -> Option<String> {
     let ms = refresh.min(MAX_REFRESH).as_millis();
     if ms == 0 {
