@@ -163,8 +163,11 @@ def inprocess_on(binary: Path) -> None:
     """The bench policy compiled into a MutatingAdmissionPolicy + binding (what `serve --mode
     in-process` keeps), named like the bench's webhook. Its matchConditions (kubelet writes and
     registrations only) are dropped, as the bench's webhook configuration has none, so that the
-    probe PATCHes of this client are mutated in every phase alike."""
-    out = subprocess.run([str(binary), "compile-inprocess", "--policy-file", str(HERE / "policy.yaml")],
+    probe PATCHes of this client are mutated in every phase alike. Quiet heartbeats off
+    (`--heartbeat-refresh 0`), as in the "kube-overcommit" phase it is compared with: the same
+    writes reach storage."""
+    out = subprocess.run([str(binary), "compile-inprocess", "--policy-file", str(HERE / "policy.yaml"),
+                          "--heartbeat-refresh", "0"],
                          capture_output=True, text=True, check=True).stdout
     items = json.loads(out)["items"]
     for item in items:

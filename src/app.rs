@@ -81,7 +81,8 @@ pub struct ServeArgs {
     /// differ from the stored ones only in their lastHeartbeatTime gets the stored times back
     /// while those are younger than this, so that it stores nothing. Set it to the kubelets'
     /// nodeStatusReportFrequency (5m by default, the default here too): a heartbeat is then
-    /// stored as often as on a node without the webhook. 0 turns it off.
+    /// stored as often as on a node without the webhook. 0 turns it off. The leader compiles it
+    /// into the in-process policy too (`--mode`).
     #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "5m", value_parser = duration_arg)]
     pub heartbeat_refresh: Duration,
 
@@ -203,6 +204,7 @@ async fn start(
     let in_process = leader::in_process::InProcessContext {
         path,
         policies: store.clone(),
+        heartbeat_refresh: args.heartbeat_refresh,
         flag: Default::default(),
     };
 

@@ -3,15 +3,17 @@
 //! as a JSON List, and which policies stay on the webhook (stderr). Both objects are named
 //! like the ones the leader keeps (`--webhook-config-name`, same env var and default), so a
 //! compiled policy applied by hand and the one `serve --mode in-process` keeps are the same
-//! object.
+//! object; so is `--heartbeat-refresh`.
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use overcommit_core::inprocess;
 use overcommit_core::policy::PolicySet;
 use serde_json::Value;
 
+use crate::duration::duration_arg;
 use crate::leader::DEFAULT_CONFIG_NAME;
 use crate::leader::compiled_policy::named;
 
@@ -28,12 +30,22 @@ pub struct CompileArgs {
         default_value = DEFAULT_CONFIG_NAME
     )]
     pub webhook_config_name: String,
+    /// Quiet heartbeats' refresh period, as `serve --heartbeat-refresh` (0: none compiled). The
+    /// compiled rule cannot read a clock: a stored heartbeat's age is counted from the
+    /// heartbeat the kubelet sends (its clock), where the webhook counts from the time of the
+    /// review.
+    #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "5m", value_parser = duration_arg)]
+    pub heartbeat_refresh: Duration,
 }
 
 /// The JSON List of the compiled policy and binding named `name`, and the policies compiled
 /// and left to the webhook.
-pub fn output(policies: &PolicySet, name: &str) -> (Value, Vec<String>, Vec<String>) {
-    let compiled = inprocess::compile(policies);
+pub fn output(
+    policies: &PolicySet,
+    name: &str,
+    heartbeat_refresh: Duration,
+) -> (Value, Vec<String>, Vec<String>) {
+    let compiled = inprocess::compile(policies, heartbeat_refresh);
     let (policy, binding) = named(compiled.policy, compiled.binding, name);
     let list = serde_json::json!({
         "apiVersion": "v1",
@@ -45,7 +57,8 @@ pub fn output(policies: &PolicySet, name: &str) -> (Value, Vec<String>, Vec<Stri
 
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let policies = crate::review::read_policy_file(&args.policy_file)?;
-    let (list, in_process, webhook) = output(&policies, &args.webhook_config_name);
+    let (list, in_process, webhook) =
+        output(&policies, &args.webhook_config_name, args.heartbeat_refresh);
     let mut stdout = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut stdout, &list)?;
     stdout.write_all(b"\n")?;
@@ -79,13 +92,20 @@ mod tests {
         leader: crate::leader::LeaderArgs,
     }
 
+    #[derive(Parser)]
+    struct ServeAll {
+        #[command(flatten)]
+        serve: crate::app::ServeArgs,
+    }
+
     #[test]
     fn named_like_the_leaders_objects() {
         let set =
             PolicySet::new(overcommit_core::policy::parse_policy_file(STATIC).unwrap()).unwrap();
+        let refresh = Duration::from_secs(300);
         for name in ["kube-overcommit", "other"] {
-            let (list, in_process, _) = output(&set, name);
-            let want = desired(&set, Path::InProcess, name).unwrap();
+            let (list, in_process, _) = output(&set, name, refresh);
+            let want = desired(&set, Path::InProcess, name, refresh).unwrap();
             assert_eq!(list["items"][0], want.policy, "{name}: policy");
             assert_eq!(list["items"][1], want.binding, "{name}: binding");
             assert_eq!(list["items"][1]["spec"]["policyName"], name, "{name}");
@@ -102,6 +122,17 @@ mod tests {
             serve.leader.webhook_config_name
         );
         assert_eq!(compile.compile.webhook_config_name, "kube-overcommit");
+        assert_eq!(
+            compile.compile.heartbeat_refresh,
+            ServeAll::try_parse_from(["x"])
+                .unwrap()
+                .serve
+                .heartbeat_refresh
+        );
+        assert_eq!(compile.compile.heartbeat_refresh, Duration::from_secs(300));
+        let off =
+            Cli::try_parse_from(["x", "--policy-file", "p", "--heartbeat-refresh", "0"]).unwrap();
+        assert_eq!(off.compile.heartbeat_refresh, Duration::ZERO);
         let named =
             Cli::try_parse_from(["x", "--policy-file", "p", "--webhook-config-name", "n"]).unwrap();
         assert_eq!(named.compile.webhook_config_name, "n");

@@ -15,6 +15,8 @@
 //! `namespaceSelector`/`objectSelector` in `matchConstraints` (and in a binding's
 //! `matchResources` when it has one), `scope` `*` in resource rules.
 
+use std::time::Duration;
+
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Map, Value};
 
@@ -57,12 +59,18 @@ pub struct Desired {
     pub in_process: Vec<String>,
 }
 
-/// The objects for `policies` on `path`, named `name`.
-pub fn desired(policies: &PolicySet, path: Path, name: &str) -> Option<Desired> {
+/// The objects for `policies` on `path`, named `name`, with quiet heartbeats refreshed every
+/// `heartbeat_refresh` (`serve --heartbeat-refresh`; zero: none).
+pub fn desired(
+    policies: &PolicySet,
+    path: Path,
+    name: &str,
+    heartbeat_refresh: Duration,
+) -> Option<Desired> {
     if path == Path::Webhook {
         return None;
     }
-    let compiled = inprocess::compile(policies);
+    let compiled = inprocess::compile(policies, heartbeat_refresh);
     if compiled.in_process.is_empty() {
         return None;
     }
@@ -266,6 +274,7 @@ mod tests {
         PolicySet::new(docs).unwrap()
     }
 
+    const REFRESH: Duration = Duration::from_secs(300);
     const STATIC: &str = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: s}\nspec:\n  nodeRatios: {cpu: \"2\"}\n";
     const USAGE: &str = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: u}\nspec:\n  nodeRatios: {cpu: \"2\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n";
 
@@ -278,9 +287,13 @@ mod tests {
             ("none, in-process", "", Path::InProcess, false),
         ];
         for (what, yaml, path, some) in cases {
-            assert_eq!(desired(&set(yaml), path, "ko").is_some(), some, "{what}");
+            assert_eq!(
+                desired(&set(yaml), path, "ko", REFRESH).is_some(),
+                some,
+                "{what}"
+            );
         }
-        let d = desired(&set(STATIC), Path::InProcess, "ko").unwrap();
+        let d = desired(&set(STATIC), Path::InProcess, "ko", REFRESH).unwrap();
         assert_eq!(d.policy["metadata"]["name"], "ko");
         assert_eq!(d.binding["metadata"]["name"], "ko");
         assert_eq!(d.binding["spec"]["policyName"], "ko");
@@ -291,7 +304,7 @@ mod tests {
 
     #[test]
     fn drift_table() {
-        let want = desired(&set(STATIC), Path::InProcess, "ko").unwrap();
+        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH).unwrap();
         type Edit = fn(&mut Value);
         let cases: Vec<(&str, Edit, bool)> = vec![
             ("unchanged", |_| {}, false),
@@ -394,7 +407,9 @@ mod tests {
 
     #[test]
     fn upkeep_table() {
-        let want = desired(&set(STATIC), Path::InProcess, "ko").unwrap().policy;
+        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH)
+            .unwrap()
+            .policy;
         let mut unlabelled = want.clone();
         unlabelled["metadata"]
             .as_object_mut()
@@ -434,7 +449,7 @@ mod tests {
 
     #[test]
     fn binding_state_table() {
-        let want = desired(&set(STATIC), Path::InProcess, "ko")
+        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH)
             .unwrap()
             .binding;
         let mut widened = want.clone();
@@ -487,7 +502,7 @@ mod tests {
         );
         let text = std::fs::read_to_string(path).unwrap();
         let shipped: Value = serde_yaml::from_str(&text).unwrap();
-        let want = desired(&set(STATIC), Path::InProcess, "kube-overcommit").unwrap();
+        let want = desired(&set(STATIC), Path::InProcess, "kube-overcommit", REFRESH).unwrap();
         assert_eq!(
             shipped["metadata"]["name"],
             want.binding["metadata"]["name"]
@@ -500,11 +515,12 @@ mod tests {
 
     #[test]
     fn in_force_table() {
-        let want = desired(&set(STATIC), Path::InProcess, "ko").unwrap();
+        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH).unwrap();
         let other = desired(
             &set(&STATIC.replace("\"2\"", "\"3\"")),
             Path::InProcess,
             "ko",
+            REFRESH,
         )
         .unwrap();
         let cases = [

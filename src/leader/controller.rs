@@ -390,6 +390,7 @@ impl Controller {
             &c.context.policies.current(),
             c.context.path,
             &self.s.webhook.config_name,
+            c.context.heartbeat_refresh,
         );
         match self.keep_compiled(want.as_ref()).await {
             Ok(()) => {

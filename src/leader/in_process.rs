@@ -40,6 +40,8 @@ pub const TICK: Duration = Duration::from_secs(1);
 pub struct InProcessContext {
     pub path: Path,
     pub policies: PolicyStore,
+    /// `serve --heartbeat-refresh`: the compiled policy's quiet heartbeats, as the webhook's.
+    pub heartbeat_refresh: Duration,
     /// `admission::Settings::in_process`.
     pub flag: Arc<AtomicBool>,
 }
@@ -148,7 +150,8 @@ impl Want {
         if self.set.as_ref().is_some_and(|s| Arc::ptr_eq(s, &current)) {
             return;
         }
-        self.desired = compiled_policy::desired(&current, context.path, name);
+        self.desired =
+            compiled_policy::desired(&current, context.path, name, context.heartbeat_refresh);
         self.set = Some(current);
     }
 }
@@ -293,7 +296,8 @@ mod tests {
         let yaml = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: s}\nspec:\n  nodeRatios: {cpu: \"2\"}\n";
         let docs = overcommit_core::policy::parse_policy_file(yaml).unwrap();
         let set = PolicySet::new(docs).unwrap();
-        let want = compiled_policy::desired(&set, Path::InProcess, "n").unwrap();
+        let want =
+            compiled_policy::desired(&set, Path::InProcess, "n", Duration::from_secs(300)).unwrap();
         let seen = |v: &Value| Seen {
             object: Some(v.clone()),
             listing: None,

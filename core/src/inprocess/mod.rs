@@ -22,13 +22,24 @@
 //! - **Refusal** (`refuse`): a value above capacity that is not what was last written is
 //!   left alone (no patch at all), as the webhook fails open.
 //! - **Annotations**: written in the listed format when a policy applies, removed otherwise.
+//! - **Quiet heartbeats** (`beats`; `node::heartbeat`), on a status update of a node a policy
+//!   inflates, unless the refresh period is zero: per incoming condition, the stored condition
+//!   of its type (the first) with the same status, reason, message and lastTransitionTime (an
+//!   absent field equals only an absent one) and a heartbeat that is not the incoming one but
+//!   less than the refresh period from it, either way, gives its heartbeat back
+//!   (`add /status/conditions/INDEX/lastHeartbeatTime`); `''` otherwise.
 //!
-//! Where CEL does not follow the Rust rule exactly (README.md, `compile-inprocess`): a raw value
-//! below the unit (sub-millicore cpu, fractional bytes; no kubelet reports one) is floored
-//! before the ratio, not after; an unreadable record is read as far as it goes (an entry
-//! without `=` is skipped; a value that is not a quantity or a ratio stops the evaluation, and
-//! the API server admits the write unchanged, `failurePolicy: Ignore`) where the Rust rule
-//! ignores the whole record; quiet heartbeats are not compiled.
+//! Where CEL does not follow the Rust rule exactly (README.md, `compile-inprocess --help`): a
+//! raw value below the unit (sub-millicore cpu, fractional bytes; no kubelet reports one) is
+//! floored before the ratio, not after; an unreadable record is read as far as it goes (an
+//! entry without `=` is skipped; a value that is not a quantity or a ratio stops the
+//! evaluation, and the API server admits the write unchanged, `failurePolicy: Ignore`) where the
+//! Rust rule ignores the whole record. Quiet heartbeats: admission CEL has no clock, so a stored
+//! heartbeat's age is taken from the incoming condition's own lastHeartbeatTime (the time the
+//! kubelet wrote it, its clock) instead of the time of the review; a condition sent without a
+//! heartbeat keeps nothing (no kubelet sends one).
+
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -101,8 +112,9 @@ pub fn applied_text(policy: &CompiledPolicy) -> String {
     format!("policy={};ratios={}", policy.name, ratios.join(","))
 }
 
-/// Compile the policy set.
-pub fn compile(policies: &PolicySet) -> Compiled {
+/// Compile the policy set; `heartbeat_refresh` is `serve --heartbeat-refresh` (zero, or below a
+/// millisecond as the webhook reads it: no quiet heartbeats).
+pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration) -> Compiled {
     let mut in_process = Vec::new();
     let mut webhook = Vec::new();
     // (selector expression, choice) in the order `for_node` tries them.
@@ -229,8 +241,11 @@ pub fn compile(policies: &PolicySet) -> Compiled {
                 .into(),
         ),
     ];
+    let beats = beats(heartbeat_refresh);
+    let heartbeats = beats.is_some();
     let variables: Vec<Value> = variables
         .into_iter()
+        .chain(beats.map(|expression| ("beats", expression)))
         .map(|(name, expression)| json!({"name": name, "expression": expression}))
         .collect();
     let policy = json!({
@@ -243,7 +258,7 @@ pub fn compile(policies: &PolicySet) -> Compiled {
             "matchConstraints": node_writes(),
             "matchConditions": [{"name": MATCH_CONDITION.0, "expression": MATCH_CONDITION.1}],
             "variables": variables,
-            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch_expression()}}],
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch_expression(heartbeats)}}],
         },
     });
     let binding = json!({
@@ -429,8 +444,49 @@ fn lines() -> String {
     )
 }
 
-/// The JSONPatch: allocatable where it differs by value, then the annotations.
-fn patch_expression() -> String {
+/// The longest refresh period compiled: beyond it a CEL duration may not hold the difference
+/// of two times (+-290 years); no heartbeat is that old.
+const MAX_REFRESH: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// `beats`: per incoming condition (by index) the stored heartbeat to put back, or `''`; None
+/// when the refresh period is off (zero, or below the millisecond the webhook counts in).
+/// Cheapest test first: a heartbeat sent as stored (a writer other than the kubelet) needs no
+/// lookup of the other fields and no time parsed. Every field is tested for presence and type
+/// first, so no node makes the expression fail (which would drop the whole mutation); a time
+/// present is an RFC 3339 text `timestamp` reads, as the API server holds no other.
+fn beats(refresh: Duration) -> Option<String> {
+    let ms = refresh.min(MAX_REFRESH).as_millis();
+    if ms == 0 {
+        return None;
+    }
+    let same = ["status", "reason", "message", "lastTransitionTime"]
+        .iter()
+        .map(|field| format!("c.?{field} == o.?{field}"))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    Some(format!(
+        "variables.choice != '' && oldObject != null && has(object.status) && \
+         has(object.status.conditions) && has(oldObject.status) && \
+         has(oldObject.status.conditions) ? object.status.conditions.map(c, \
+         has(c.lastHeartbeatTime) && type(c.lastHeartbeatTime) == string && has(c.type) ? \
+         [oldObject.status.conditions.filter(o, has(o.type) && o.type == c.type)].map(m, \
+         m.size() > 0 && has(m[0].lastHeartbeatTime) && type(m[0].lastHeartbeatTime) == string && \
+         m[0].lastHeartbeatTime != c.lastHeartbeatTime ? [m[0]].map(o, {same} && \
+         [timestamp(c.lastHeartbeatTime) - timestamp(o.lastHeartbeatTime)].map(d, \
+         d < duration('{ms}ms') && d > duration('-{ms}ms'))[0] ? o.lastHeartbeatTime : '')[0] : '')[0] \
+         : '') : []"
+    ))
+}
+
+/// The JSONPatch: allocatable where it differs by value, then the annotations, then (with
+/// `heartbeats`) the stored heartbeats put back.
+fn patch_expression(heartbeats: bool) -> String {
+    let beats = if heartbeats {
+        " + variables.beats.transformList(i, t, t != '', JSONPatch{op: 'add', path: \
+         '/status/conditions/' + string(i) + '/lastHeartbeatTime', value: t})"
+    } else {
+        ""
+    };
     let path = |key: &str| format!("'/metadata/annotations/' + jsonpatch.escapeKey({key})");
     let keys = format!("[{}, {}]", lit(RAW_KEY), lit(APPLIED_KEY));
     format!(
@@ -443,7 +499,7 @@ fn patch_expression() -> String {
          [{{{raw}: variables.rawRecord, {applied}: variables.applied}}].map(want, \
          has(object.metadata.annotations) ? {keys}.filter(k, !(k in object.metadata.annotations) || \
          object.metadata.annotations[k] != want[k]).map(k, JSONPatch{{op: 'add', path: {path_k}, value: want[k]}}) : \
-         [JSONPatch{{op: 'add', path: '/metadata/annotations', value: want}}])[0])",
+         [JSONPatch{{op: 'add', path: '/metadata/annotations', value: want}}])[0]){beats}",
         webhook = lit(WEBHOOK_CHOICE),
         raw = lit(RAW_KEY),
         applied = lit(APPLIED_KEY),

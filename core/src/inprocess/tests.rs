@@ -2,12 +2,16 @@
 //! tested in tests/cluster/e2e/inprocess_test.go, against `review` (the webhook's rule).
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use overcommit_json::StrMap;
 
 use super::*;
 use crate::node::{NodeView, decide};
 use crate::policy::parse_policy_file;
+
+/// `serve --heartbeat-refresh`'s default.
+const REFRESH: Duration = Duration::from_secs(300);
 
 fn policies(yaml: &str) -> PolicySet {
     match parse_policy_file(yaml).and_then(PolicySet::new) {
@@ -57,7 +61,7 @@ spec:
 
 #[test]
 fn static_policies_go_in_process_the_others_stay_on_the_webhook_in_priority_order() {
-    let compiled = compile(&policies(SET));
+    let compiled = compile(&policies(SET), REFRESH);
     assert_eq!(compiled.in_process, ["gpu", "everything"]);
     assert_eq!(compiled.webhook, ["usage"]);
     let choice = compiled.policy["spec"]["variables"][1]["expression"]
@@ -79,7 +83,7 @@ fn static_policies_go_in_process_the_others_stay_on_the_webhook_in_priority_orde
 
 #[test]
 fn the_compiled_objects_match_what_the_node_webhook_matches_and_fail_open() {
-    let compiled = compile(&policies(SET));
+    let compiled = compile(&policies(SET), REFRESH);
     let spec = &compiled.policy["spec"];
     assert_eq!(spec["failurePolicy"], "Ignore");
     assert_eq!(spec["reinvocationPolicy"], "Never");
@@ -135,7 +139,7 @@ fn applied_text_is_what_the_node_rule_writes() {
             .unwrap_or_default();
         let policy = set.policies().find(|p| p.name == name);
         assert_eq!(policy.map(applied_text).as_deref(), Some(*want));
-        let table = compile(&set).policy["spec"]["variables"][4]["expression"]
+        let table = compile(&set, REFRESH).policy["spec"]["variables"][4]["expression"]
             .as_str()
             .unwrap_or_default()
             .to_string();
@@ -177,7 +181,7 @@ fn literals_are_escaped() {
 
 #[test]
 fn ratios_are_compiled_to_exact_millionths_without_ones() {
-    let compiled = compile(&policies(SET));
+    let compiled = compile(&policies(SET), REFRESH);
     let ratios = compiled.policy["spec"]["variables"][2]["expression"]
         .as_str()
         .unwrap_or_default()
@@ -215,4 +219,97 @@ fn serves_table() {
         };
         assert_eq!(serves(&choice), want, "{what}");
     }
+}
+
+#[test]
+fn quiet_heartbeats_are_compiled_with_the_refresh_period_and_not_when_it_is_off() {
+    let variable = |compiled: &Compiled, name: &str| {
+        compiled.policy["spec"]["variables"]
+            .as_array()
+            .and_then(|vs| vs.iter().find(|v| v["name"] == name))
+            .map(|v| v["expression"].as_str().unwrap_or_default().to_string())
+    };
+    let patch = |compiled: &Compiled| {
+        compiled.policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    // (refresh, the bounds compiled; None: no heartbeat rule)
+    let cases = [
+        (
+            REFRESH,
+            Some("duration('300000ms') && d > duration('-300000ms')"),
+        ),
+        (
+            Duration::from_millis(1500),
+            Some("duration('1500ms') && d > duration('-1500ms')"),
+        ),
+        // A period beyond what a CEL duration holds is compiled as 100 years.
+        (
+            Duration::from_secs(u64::MAX),
+            Some("duration('3153600000000ms')"),
+        ),
+        (Duration::ZERO, None),
+        // The webhook counts in milliseconds: below one, nothing is ever kept.
+        (Duration::from_micros(999), None),
+    ];
+    for (refresh, bounds) in cases {
+        let compiled = compile(&policies(SET), refresh);
+        let beats = variable(&compiled, "beats");
+        let patch = patch(&compiled);
+        match bounds {
+            Some(bounds) => {
+                let beats = beats.unwrap_or_default();
+                assert!(beats.contains(bounds), "{refresh:?}: {beats}");
+                // Only for a node a policy inflates, only on an update.
+                assert!(
+                    beats.starts_with("variables.choice != '' && oldObject != null"),
+                    "{beats}"
+                );
+                assert!(
+                    patch.ends_with(
+                        " + variables.beats.transformList(i, t, t != '', JSONPatch{op: 'add', \
+                         path: '/status/conditions/' + string(i) + '/lastHeartbeatTime', value: t})"
+                    ),
+                    "{patch}"
+                );
+                // A node left to the webhook, or a refused value: no patch at all.
+                assert!(patch.starts_with("variables.choice == '!' || variables.refuse ? [] :"));
+            }
+            None => {
+                assert_eq!(beats, None, "{refresh:?}");
+                assert!(!patch.contains("beats"), "{refresh:?}: {patch}");
+            }
+        }
+        // Everything else is the same with or without the rule.
+        let without = compile(&policies(SET), Duration::ZERO);
+        assert_eq!(compiled.in_process, without.in_process);
+        assert_eq!(
+            variable(&compiled, "rawRecord"),
+            variable(&without, "rawRecord")
+        );
+    }
+}
+
+#[test]
+fn every_condition_field_the_webhook_compares_is_compared() {
+    let beats = compile(&policies(SET), REFRESH).policy["spec"]["variables"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == "beats"))
+        .map(|v| v["expression"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default();
+    // By optional field: an absent field equals only an absent one, as `None` in the webhook.
+    for field in ["status", "reason", "message", "lastTransitionTime"] {
+        assert!(
+            beats.contains(&format!("c.?{field} == o.?{field}")),
+            "{field}: {beats}"
+        );
+    }
+    // The heartbeat as stored is tested before anything else is read of the stored condition.
+    let (as_stored, fields) = (
+        beats.find("m[0].lastHeartbeatTime != c.lastHeartbeatTime"),
+        beats.find("c.?status"),
+    );
+    assert!(as_stored.is_some() && as_stored < fields, "{beats}");
 }

@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -97,22 +98,51 @@ type ipEnv struct {
 	config *rest.Config
 	// loaded: the compiled policy is in force, so registrations are compared too.
 	loaded bool
+	// refresh: --heartbeat-refresh of both compile-inprocess and review ("" is 5m).
+	refresh string
 }
 
-func TestInProcessMatchesWebhook(t *testing.T) {
+func (e *ipEnv) refreshFlag() string {
+	if e.refresh == "" {
+		return "5m"
+	}
+	return e.refresh
+}
+
+// newIPEnv: the binary, clients, a context of 3 minutes; the compiled objects are deleted at the
+// end.
+func newIPEnv(t *testing.T, refresh string) *ipEnv {
+	t.Helper()
 	bin, err := install.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	dyn, err := dynamic.NewForConfig(shared.RestConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &ipEnv{t: t, ctx: ctx, bin: bin, dir: t.TempDir(), admin: shared.Client, dyn: dyn, config: shared.RestConfig}
-	capacity := corev1.ResourceList{"cpu": resource.MustParse("16"), "memory": resource.MustParse("64Gi"), "pods": resource.MustParse("110")}
-	raw := corev1.ResourceList{"cpu": resource.MustParse("15890m"), "memory": resource.MustParse("62Gi"), "pods": resource.MustParse("110")}
+	t.Cleanup(func() {
+		bg := context.Background()
+		_ = dyn.Resource(mabGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
+		_ = dyn.Resource(mapGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
+	})
+	return &ipEnv{t: t, ctx: ctx, bin: bin, dir: t.TempDir(), admin: shared.Client, dyn: dyn, config: shared.RestConfig, refresh: refresh}
+}
+
+// ipCapacity and ipRaw: a node's capacity and the kubelet's allocatable.
+func ipCapacity() corev1.ResourceList {
+	return corev1.ResourceList{"cpu": resource.MustParse("16"), "memory": resource.MustParse("64Gi"), "pods": resource.MustParse("110")}
+}
+
+func ipRaw() corev1.ResourceList {
+	return corev1.ResourceList{"cpu": resource.MustParse("15890m"), "memory": resource.MustParse("62Gi"), "pods": resource.MustParse("110")}
+}
+
+func TestInProcessMatchesWebhook(t *testing.T) {
+	e := newIPEnv(t, "")
+	capacity, raw := ipCapacity(), ipRaw()
 	e.policies(ipPolicies)
 	// Registered before the compiled policy exists (so stored as sent): node A, and node D with
 	// the JSON annotations of an earlier version, its allocatable inflated by them.
@@ -124,11 +154,6 @@ func TestInProcessMatchesWebhook(t *testing.T) {
 	inflated := corev1.ResourceList{"cpu": resource.MustParse("23835m"), "memory": resource.MustParse("79886391705"), "pods": resource.MustParse("110")}
 	d := e.create("ip-d", map[string]string{"ip": "batch"}, oldAnn, capacity, inflated)
 	e.install(ipPolicies)
-	t.Cleanup(func() {
-		bg := context.Background()
-		_ = dyn.Resource(mabGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
-		_ = dyn.Resource(mapGVR).Delete(bg, "nodes.overcommit.dev", metav1.DeleteOptions{})
-	})
 
 	// Node A: the compounding sequences under ip-batch.
 	// The policy takes effect once the API server has loaded it: kubelet writes until then.
@@ -222,11 +247,175 @@ func TestInProcessMatchesWebhook(t *testing.T) {
 	}
 }
 
+// Quiet heartbeats in the compiled policy (`node::heartbeat`), on the real API server: kubelet
+// status writes replayed on a node the compiled policy inflates, each compared with `review`
+// (the same --heartbeat-refresh; its clock set to the heartbeat the kubelet sends, which is the
+// compiled rule's clock), conditions byte for byte: a newer heartbeat only is kept and the write
+// is a no-op in storage (resourceVersion unchanged), also with 24 conditions (the CEL's cost);
+// a stored heartbeat older than the refresh period, a condition's status change, a condition
+// the stored node lacks and refresh 0 go through. Heartbeat times are near the real now, each
+// later than the last. The node has a Lease renewed by the test, so that the node lifecycle
+// controller never marks it Unknown while its stored heartbeats stand still.
+func TestInProcessQuietHeartbeats(t *testing.T) {
+	e := newIPEnv(t, "5m")
+	capacity, raw := ipCapacity(), ipRaw()
+	base := time.Now().UTC().Truncate(time.Second)
+	at := func(d time.Duration) metav1.Time { return metav1.NewTime(base.Add(d)) }
+	transition := at(-time.Hour)
+	// The kubelet's conditions, one heartbeat time in all (as the kubelet writes them).
+	kubelet := func(heartbeat metav1.Time) []corev1.NodeCondition {
+		condition := func(kind corev1.NodeConditionType, status corev1.ConditionStatus, reason, message string) corev1.NodeCondition {
+			return corev1.NodeCondition{Type: kind, Status: status, Reason: reason, Message: message, LastHeartbeatTime: heartbeat, LastTransitionTime: transition}
+		}
+		return []corev1.NodeCondition{
+			condition(corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+			condition(corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+			condition(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+			condition(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "kubelet is posting ready status"),
+		}
+	}
+	e.policies(ipPolicies)
+	// Registered before the compiled policy exists, its heartbeats 10 minutes old.
+	h := e.create("ip-h", map[string]string{"ip": "batch"}, nil, capacity, raw, kubelet(at(-10*time.Minute))...)
+	e.renewLease(h)
+	e.install(ipPolicies)
+	e.waitInflated(h, raw) // heartbeats as stored meanwhile
+
+	e.beat(h, "stored heartbeats older than the refresh period", raw, kubelet(at(-60*time.Second)), false)
+	e.heartbeats(h, map[string]metav1.Time{"Ready": at(-60 * time.Second), "MemoryPressure": at(-60 * time.Second)})
+	e.beat(h, "a newer heartbeat only", raw, kubelet(at(-50*time.Second)), true)
+	e.heartbeats(h, map[string]metav1.Time{"Ready": at(-60 * time.Second), "MemoryPressure": at(-60 * time.Second)})
+
+	pressure := kubelet(at(-40 * time.Second))
+	pressure[0].Status, pressure[0].Reason, pressure[0].Message = corev1.ConditionTrue, "KubeletHasInsufficientMemory", "kubelet has insufficient memory available"
+	pressure[0].LastTransitionTime = at(-40 * time.Second)
+	e.beat(h, "a condition's status changes", raw, pressure, false)
+	e.heartbeats(h, map[string]metav1.Time{"Ready": at(-60 * time.Second), "MemoryPressure": at(-40 * time.Second)})
+
+	// 20 condition types the stored node lacks: 24 conditions in all from here on.
+	many := func(heartbeat metav1.Time) []corev1.NodeCondition {
+		out := kubelet(heartbeat)
+		out[0] = pressure[0]
+		out[0].LastHeartbeatTime = heartbeat
+		for i := range 20 {
+			out = append(out, corev1.NodeCondition{Type: corev1.NodeConditionType(fmt.Sprintf("example.com/Extra%02d", i)), Status: corev1.ConditionFalse, Reason: "Fine", LastHeartbeatTime: heartbeat, LastTransitionTime: at(-30 * time.Second)})
+		}
+		return out
+	}
+	e.beat(h, "conditions the stored node lacks", raw, many(at(-30*time.Second)), false)
+	e.heartbeats(h, map[string]metav1.Time{"Ready": at(-60 * time.Second), "MemoryPressure": at(-40 * time.Second), "example.com/Extra19": at(-30 * time.Second)})
+	e.beat(h, "24 conditions, a newer heartbeat only", raw, many(at(-20*time.Second)), true)
+
+	// Refresh 0: compiled without the rule; every heartbeat goes through once it is loaded.
+	e.refresh = "0"
+	e.install(ipPolicies)
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; ; i++ {
+		sent := at(-10*time.Second + time.Duration(i)*time.Second)
+		got, want := e.put(h, func(n *corev1.Node) {
+			n.Status.Allocatable = raw.DeepCopy()
+			n.Status.Conditions = many(sent)
+		})
+		if stored := heartbeatOf(got, "Ready"); compareNodes(got, want) == "" && stored.Equal(&sent) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: refresh 0 not in force after 60s: %s", h, compareNodes(got, want))
+		}
+		time.Sleep(time.Second)
+	}
+	stored := heartbeatOf(e.get(h), "Ready")
+	latest := stored.Add(time.Second)
+	e.beat(h, "refresh 0: a newer heartbeat only", raw, many(metav1.NewTime(latest)), false)
+	e.heartbeats(h, map[string]metav1.Time{"Ready": metav1.NewTime(latest), "MemoryPressure": metav1.NewTime(latest)})
+}
+
+// beat is a kubelet status write of its raw allocatable and `conditions`, checked against the
+// review; `quiet`: the write must be a no-op in storage (same resourceVersion), else stored.
+func (e *ipEnv) beat(name, what string, raw corev1.ResourceList, conditions []corev1.NodeCondition, quiet bool) {
+	e.t.Helper()
+	var before string
+	got, want := e.put(name, func(n *corev1.Node) {
+		before = n.ResourceVersion
+		n.Status.Allocatable = raw.DeepCopy()
+		n.Status.Conditions = append([]corev1.NodeCondition(nil), conditions...)
+	})
+	if diff := compareNodes(got, want); diff != "" {
+		e.t.Fatalf("%s: %s: %s", name, what, diff)
+	}
+	if unchanged := got.ResourceVersion == before; unchanged != quiet {
+		e.t.Fatalf("%s: %s: resourceVersion %s -> %s, want a no-op in storage: %v", name, what, before, got.ResourceVersion, quiet)
+	}
+	e.t.Logf("%s: %s: resourceVersion %s -> %s, Ready heartbeat %s (sent %s)", name, what, before, got.ResourceVersion,
+		heartbeatOf(got, "Ready").UTC().Format(time.RFC3339), conditions[len(conditions)-1].LastHeartbeatTime.UTC().Format(time.RFC3339))
+}
+
+// heartbeats checks the stored heartbeat of each condition type given.
+func (e *ipEnv) heartbeats(name string, want map[string]metav1.Time) {
+	e.t.Helper()
+	n := e.get(name)
+	for kind, beat := range want {
+		if got := heartbeatOf(n, kind); !got.Equal(&beat) {
+			e.t.Fatalf("%s: stored %s heartbeat %s, want %s", name, kind, got, beat)
+		}
+	}
+}
+
+func heartbeatOf(n *corev1.Node, kind string) metav1.Time {
+	for _, c := range n.Status.Conditions {
+		if string(c.Type) == kind {
+			return c.LastHeartbeatTime
+		}
+	}
+	return metav1.Time{}
+}
+
+// renewLease keeps kube-node-lease/NAME renewed every 5 s until the test's context ends: the
+// node lifecycle controller then takes the node for alive whatever its stored heartbeats.
+func (e *ipEnv) renewLease(name string) {
+	e.t.Helper()
+	leases := e.admin.CoordinationV1().Leases("kube-node-lease")
+	seconds := int32(40)
+	renew := func() error {
+		now := metav1.NewMicroTime(time.Now())
+		lease, err := leases.Get(e.ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = leases.Create(e.ctx, &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec:       coordinationv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &seconds, RenewTime: &now},
+			}, metav1.CreateOptions{})
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		lease.Spec.RenewTime = &now
+		_, err = leases.Update(e.ctx, lease, metav1.UpdateOptions{})
+		return err
+	}
+	if err := renew(); err != nil {
+		e.t.Fatalf("lease of %s: %v", name, err)
+	}
+	e.t.Cleanup(func() { _ = leases.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	go func() {
+		tick := time.NewTicker(5 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-e.ctx.Done():
+				return
+			case <-tick.C:
+				_ = renew() // a missed renewal is made up 5 s later, well within 40 s
+			}
+		}
+	}()
+}
+
 // install compiles the policy file with the real binary and creates or replaces the objects.
 func (e *ipEnv) install(policies string) {
 	e.t.Helper()
 	e.policies(policies)
-	out, err := exec.Command(e.bin, "compile-inprocess", "--policy-file", e.file, "--webhook-config-name", "nodes.overcommit.dev").Output()
+	out, err := exec.Command(e.bin, "compile-inprocess", "--policy-file", e.file, "--webhook-config-name", "nodes.overcommit.dev", "--heartbeat-refresh", e.refreshFlag()).Output()
 	if err != nil {
 		e.t.Fatalf("compile-inprocess: %v", err)
 	}
@@ -264,14 +453,14 @@ func (e *ipEnv) policies(policies string) {
 
 // create registers a node as an admin would (CREATE: the compiled policy sees it) and checks
 // the result against the review.
-func (e *ipEnv) create(name string, labels, annotations map[string]string, capacity, allocatable corev1.ResourceList) string {
+func (e *ipEnv) create(name string, labels, annotations map[string]string, capacity, allocatable corev1.ResourceList, conditions ...corev1.NodeCondition) string {
 	e.t.Helper()
 	_ = e.admin.CoreV1().Nodes().Delete(e.ctx, name, metav1.DeleteOptions{})
 	e.t.Cleanup(func() { _ = e.admin.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
 	node := &corev1.Node{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
-		Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: allocatable},
+		Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: allocatable, Conditions: conditions},
 	}
 	want := e.review(node, nil, "CREATE")
 	stored, err := e.admin.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{})
@@ -417,7 +606,13 @@ func (e *ipEnv) review(object, old *corev1.Node, operation string) *corev1.Node 
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cmd := exec.Command(e.bin, "review", "--policy-file", e.file, "-")
+	args := []string{"review", "--policy-file", e.file, "--heartbeat-refresh", e.refreshFlag()}
+	// The compiled rule's clock is the heartbeat the kubelet sends (one time in every
+	// condition): the webhook's is set to it, so that both judge the same ages.
+	if c := object.Status.Conditions; len(c) > 0 && !c[0].LastHeartbeatTime.IsZero() {
+		args = append(args, "--now", c[0].LastHeartbeatTime.UTC().Format(time.RFC3339))
+	}
+	cmd := exec.Command(e.bin, append(args, "-")...)
 	cmd.Stdin = bytes.NewReader(body)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -472,14 +667,31 @@ func (e *ipEnv) review(object, old *corev1.Node, operation string) *corev1.Node 
 	return &want
 }
 
-// applyOp applies one JSON Patch operation on objects (the review's patches touch maps only).
+// applyOp applies one JSON Patch operation on objects (the review's patches touch maps, and
+// members of list items: /status/conditions/INDEX/lastHeartbeatTime).
 func applyOp(tree map[string]any, op, path string, value any) error {
 	parts := strings.Split(strings.TrimPrefix(path, "/"), "/")
 	for i := range parts {
 		parts[i] = strings.ReplaceAll(strings.ReplaceAll(parts[i], "~1", "/"), "~0", "~")
 	}
 	at := tree
-	for _, p := range parts[:len(parts)-1] {
+	for i, p := range parts[:len(parts)-1] {
+		if list, ok := at[p].([]any); ok && i+1 < len(parts)-1 {
+			// A list item, then a member of it (the next part is the index).
+			var index int
+			if _, err := fmt.Sscan(parts[i+1], &index); err != nil || index < 0 || index >= len(list) {
+				return fmt.Errorf("%s: no item %s", path, parts[i+1])
+			}
+			item, ok := list[index].(map[string]any)
+			if !ok {
+				return fmt.Errorf("%s: item %d is not an object", path, index)
+			}
+			rest := make([]string, 0, len(parts)-i-2)
+			for _, r := range parts[i+2:] {
+				rest = append(rest, strings.ReplaceAll(strings.ReplaceAll(r, "~", "~0"), "/", "~1"))
+			}
+			return applyOp(item, op, "/"+strings.Join(rest, "/"), value)
+		}
 		next, ok := at[p].(map[string]any)
 		if !ok {
 			if op != "add" {
@@ -502,9 +714,13 @@ func applyOp(tree map[string]any, op, path string, value any) error {
 	return nil
 }
 
-// compareNodes: allocatable by canonical text (as stored), our annotations byte for byte.
+// compareNodes: allocatable by canonical text (as stored), our annotations and the conditions
+// byte for byte.
 func compareNodes(got, want *corev1.Node) string {
 	var diffs []string
+	if g, w := conditionsJSON(got), conditionsJSON(want); g != w {
+		diffs = append(diffs, fmt.Sprintf("conditions %s, webhook's %s", g, w))
+	}
 	if g, w := canonical(got.Status.Allocatable), canonical(want.Status.Allocatable); !reflect.DeepEqual(g, w) {
 		diffs = append(diffs, fmt.Sprintf("allocatable %v, webhook's %v", g, w))
 	}
@@ -531,4 +747,12 @@ func canonical(l corev1.ResourceList) map[string]string {
 		out[string(k)] = v.String()
 	}
 	return out
+}
+
+func conditionsJSON(n *corev1.Node) string {
+	doc, err := json.Marshal(n.Status.Conditions)
+	if err != nil {
+		return err.Error()
+	}
+	return string(doc)
 }
