@@ -31,7 +31,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from common import (HERE, INPROCESS_PHASE, KCP, KUBELET_UPDATE_S, OUT, PHASES, QUIET_PHASE, REPORT_FREQUENCY_S, ROOT, Server,
+from common import (HERE, INPROCESS_PHASE, INPROCESS_QUIET_PHASE, KCP, KUBELET_UPDATE_S, OUT, PHASES, QUIET_PHASE, REPORT_FREQUENCY_S, ROOT, Server,
                     apiserver_markdown, make_servers, payload_path, quantity, wait_for, wait_ready)
 
 NAMESPACE = "overcommit-bench"
@@ -159,15 +159,15 @@ def webhook_off(api: Api, addr: str, port: int) -> None:
                    check=False)
 
 
-def inprocess_on(binary: Path) -> None:
+def inprocess_on(binary: Path, heartbeat_refresh: str) -> None:
     """The bench policy compiled into a MutatingAdmissionPolicy + binding (what `serve --mode
     in-process` keeps), named like the bench's webhook. Its matchConditions (kubelet writes and
     registrations only) are dropped, as the bench's webhook configuration has none, so that the
-    probe PATCHes of this client are mutated in every phase alike. Quiet heartbeats off
-    (`--heartbeat-refresh 0`), as in the "kube-overcommit" phase it is compared with: the same
-    writes reach storage."""
+    probe PATCHes of this client are mutated in every phase alike. `heartbeat_refresh` "0" (quiet
+    heartbeats off) in the phase compared with the "kube-overcommit" phase (the same writes reach
+    storage); the report frequency in the quiet one, as the quiet webhook phase has it."""
     out = subprocess.run([str(binary), "compile-inprocess", "--policy-file", str(HERE / "policy.yaml"),
-                          "--heartbeat-refresh", "0"],
+                          "--heartbeat-refresh", heartbeat_refresh],
                          capture_output=True, text=True, check=True).stdout
     items = json.loads(out)["items"]
     for item in items:
@@ -377,8 +377,9 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
                 webhook_off(api, a, phase_port(name))
             inprocess_off()
             server = servers.get(phase)
-            if phase == INPROCESS_PHASE:
-                inprocess_on(bins["kube-overcommit"])
+            if phase in (INPROCESS_PHASE, INPROCESS_QUIET_PHASE):
+                refresh = f"{REPORT_FREQUENCY_S}s" if phase == INPROCESS_QUIET_PHASE else "0"
+                inprocess_on(bins["kube-overcommit"], refresh)
                 wait_for("the compiled policy to be in force", lambda: patch_latencies(api, raw, 1)["mutated"] == 1,
                          timeout=60, interval=1)
                 wait_for("every fleet node inflated", lambda: fleet_inflated(api), timeout=REPORT_FREQUENCY_S * 3, interval=poll_s)

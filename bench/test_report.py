@@ -51,5 +51,23 @@ class BindingRows(unittest.TestCase):
         self.assertIn("**0.42**", md)
 
 
+def apiserver_phase(p50_ms: float, writes_per_node_min: float) -> dict:
+    return {"patch": {"p50_ms": p50_ms, "p90_ms": p50_ms, "p99_ms": p50_ms, "mutated": 10, "count": 10},
+            "writes": {"per_node_per_minute": writes_per_node_min, "writes": 1, "seconds": 120},
+            "webhook_calls": 0, "webhook_mean_ms": None, "server_cpu_s": None,
+            "control_plane": {"cpu_s": 12.0, "status_patches": 1000}}
+
+
+class InProcessQuietRow(unittest.TestCase):
+    def test_the_quiet_in_process_phase_has_its_row_and_its_write_rate(self):
+        from common import apiserver_markdown
+        r = {"nodes": 1000, "probes": 10, "window_s": 120, "update_s": 40, "off": apiserver_phase(4.5, 0.5),
+             "in-process": apiserver_phase(6.8, 1.5), "in-process-quiet": apiserver_phase(6.9, 0.55),
+             "kube-overcommit": apiserver_phase(6.3, 1.5)}
+        text = "\n".join(apiserver_markdown(r))
+        self.assertIn("| in-process, quiet heartbeats | 6.90 |", text)
+        self.assertIn("0.55 Node writes per node per minute against 0.50 without overcommit (1.10x)", text)
+
+
 if __name__ == "__main__":
     unittest.main()
