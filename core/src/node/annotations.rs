@@ -74,9 +74,27 @@ pub(super) type RawRecord<'a> = (Cow<'a, str>, Quantity);
 /// What this webhook wrote last time, read back from the annotations.
 pub(super) struct Recorded<'a> {
     raw: VecMap<'a, RawRecord<'a>>,
-    ratios: VecMap<'a, Ratio>,
+    ratios: RecordedRatios<'a>,
     /// Values the usage rule wrote (empty under a static policy).
     usage: VecMap<'a, Quantity>,
+}
+
+/// The ratios the applied annotation records.
+enum RecordedRatios<'a> {
+    /// The annotation says exactly what the node's policy writes (the usual review): its
+    /// ratios, with nothing to parse.
+    Policy(&'a BTreeMap<String, (String, Ratio)>),
+    /// Read from the annotation.
+    Read(VecMap<'a, Ratio>),
+}
+
+impl RecordedRatios<'_> {
+    fn get(&self, resource: &str) -> Option<&Ratio> {
+        match self {
+            RecordedRatios::Policy(ratios) => ratios.get(resource).map(|(_, ratio)| ratio),
+            RecordedRatios::Read(ratios) => ratios.get(resource),
+        }
+    }
 }
 
 /// What was written for one resource: by a ratio (none: by 1), or a value the usage rule set.
@@ -138,8 +156,13 @@ pub fn raw_allocatable_map(text: &str) -> Result<BTreeMap<String, String>, Annot
         .collect())
 }
 
-/// Read both annotations back. Both must be there and readable, or neither counts.
-pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, AnnotationError> {
+/// Read both annotations back. Both must be there and readable, or neither counts. `policy`
+/// is the node's policy now: an applied annotation that says exactly what it writes is taken
+/// as its ratios without parsing (the same values: the text is made from the policy's).
+pub(super) fn read<'a>(
+    annotations: &'a StrMap<'_>,
+    policy: Option<&'a CompiledPolicy>,
+) -> Result<Recorded<'a>, AnnotationError> {
     let missing = |present, missing| AnnotationError::Missing { present, missing };
     let json = |annotation| {
         move |e: serde_json::Error| AnnotationError::Json {
@@ -166,6 +189,16 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
     } else {
         listed_map(raw_text).map_err(listed(RAW_ALLOCATABLE_ANNOTATION))?
     };
+    if let Some(policy) = policy
+        && static_applied(policy) == Some(applied_text.as_ref())
+    {
+        let raw = raw_records(raw_map)?;
+        return Ok(Recorded {
+            raw,
+            ratios: RecordedRatios::Policy(&policy.ratios),
+            usage: VecMap::default(),
+        });
+    }
     let (applied_ratios, applied_usage) = if !is_json(applied_text) {
         listed_applied(applied_text).map_err(listed(APPLIED_ANNOTATION))?
     } else {
@@ -178,31 +211,44 @@ pub(super) fn read<'a>(annotations: &'a StrMap<'_>) -> Result<Recorded<'a>, Anno
             }
         }
     };
-    let value = |annotation, resource: &str, reason: String| AnnotationError::Value {
-        annotation,
-        resource: resource.to_string(),
-        reason,
-    };
-    // Both maps come sorted: each insert is a push.
-    let mut raw = VecMap::with_capacity(raw_map.len());
-    for (resource, text) in raw_map {
-        let quantity = Quantity::parse(&text)
-            .map_err(|e| value(RAW_ALLOCATABLE_ANNOTATION, &resource, e.to_string()))?;
-        raw.insert(resource, (text, quantity));
-    }
+    let raw = raw_records(raw_map)?;
+    // Sorted: each insert is a push.
     let mut ratios = VecMap::with_capacity(applied_ratios.len());
     for (resource, text) in applied_ratios {
-        let ratio =
-            Ratio::parse(&text).map_err(|e| value(APPLIED_ANNOTATION, &resource, e.to_string()))?;
+        let ratio = Ratio::parse(&text)
+            .map_err(|e| value_error(APPLIED_ANNOTATION, &resource, e.to_string()))?;
         ratios.insert(resource, ratio);
     }
     let mut usage = VecMap::with_capacity(applied_usage.len());
     for (resource, text) in applied_usage {
         let written = Quantity::parse(&text)
-            .map_err(|e| value(APPLIED_ANNOTATION, &resource, e.to_string()))?;
+            .map_err(|e| value_error(APPLIED_ANNOTATION, &resource, e.to_string()))?;
         usage.insert(resource, written);
     }
-    Ok(Recorded { raw, ratios, usage })
+    Ok(Recorded {
+        raw,
+        ratios: RecordedRatios::Read(ratios),
+        usage,
+    })
+}
+
+fn value_error(annotation: &'static str, resource: &str, reason: String) -> AnnotationError {
+    AnnotationError::Value {
+        annotation,
+        resource: resource.to_string(),
+        reason,
+    }
+}
+
+/// The raw values recorded, parsed (the map comes sorted: each insert is a push).
+fn raw_records<'a>(raw_map: StrMap<'a>) -> Result<VecMap<'a, RawRecord<'a>>, AnnotationError> {
+    let mut raw = VecMap::with_capacity(raw_map.len());
+    for (resource, text) in raw_map {
+        let quantity = Quantity::parse(&text)
+            .map_err(|e| value_error(RAW_ALLOCATABLE_ANNOTATION, &resource, e.to_string()))?;
+        raw.insert(resource, (text, quantity));
+    }
+    Ok(raw)
 }
 
 /// Whether an annotation's text is the JSON this webhook wrote before the listed format (an
@@ -358,17 +404,15 @@ impl Desired<'_> {
         if key == RAW_ALLOCATABLE_ANNOTATION {
             return self.raw_record.iter().copied().all(pair);
         }
-        is_listable(&self.policy.name)
-            && self
-                .policy
-                .ratios
-                .iter()
-                .map(|(r, (t, _))| (r.as_str(), t.as_str()))
-                .all(pair)
+        self.static_applied().is_some()
             && self
                 .usage_written
                 .iter()
                 .all(|(resource, value)| is_listable(resource) && is_listable(&value.to_string()))
+    }
+
+    fn static_applied(&self) -> Option<&str> {
+        static_applied(self.policy)
     }
 
     /// Annotation `key` in the listed format, piece by piece to `piece` (which says whether to
@@ -378,15 +422,7 @@ impl Desired<'_> {
         if key == RAW_ALLOCATABLE_ANNOTATION {
             return list(self.raw_record.iter().copied(), &mut piece);
         }
-        let ratios = self
-            .policy
-            .ratios
-            .iter()
-            .map(|(r, (t, _))| (r.as_str(), t.as_str()));
-        let static_part = piece("policy=")
-            && piece(&self.policy.name)
-            && piece(";ratios=")
-            && list(ratios, &mut piece);
+        let static_part = self.static_applied().is_some_and(&mut piece);
         if !static_part || self.usage_written.is_empty() {
             return static_part;
         }
@@ -412,6 +448,32 @@ impl Desired<'_> {
             serde_json::to_writer(out, &applied)
         }
     }
+}
+
+/// `policy=NAME;ratios=LIST`, a policy's part of the applied annotation (None: its name or a
+/// ratio cannot be listed), made once per policy: every node it inflates carries it.
+fn static_applied(policy: &CompiledPolicy) -> Option<&str> {
+    policy
+        .applied_listed
+        .get_or_init(|| {
+            let pair = |(name, value): (&str, &str)| is_listable(name) && is_listable(value);
+            let ratios = || {
+                policy
+                    .ratios
+                    .iter()
+                    .map(|(r, (t, _))| (r.as_str(), t.as_str()))
+            };
+            if !is_listable(&policy.name) || !ratios().all(pair) {
+                return None;
+            }
+            let mut out = format!("policy={};ratios=", policy.name);
+            list(ratios(), &mut |piece| {
+                out.push_str(piece);
+                true
+            });
+            Some(out)
+        })
+        .as_deref()
 }
 
 /// `name=value` pairs joined by `,`, piece by piece to `piece`; whether every piece was taken.
@@ -531,11 +593,13 @@ mod tests {
             selector: Default::default(),
             ratios: ratios
                 .iter()
-                .map(|(r, t)| (r.to_string(), (t.to_string(), Ratio::parse("2").unwrap())))
+                // As compiled: the ratio is its text's.
+                .map(|(r, t)| (r.to_string(), (t.to_string(), Ratio::parse(t).unwrap())))
                 .collect(),
             pod_defaults: None,
             usage: None,
             cap: None,
+            applied_listed: Default::default(),
         }
     }
 
@@ -593,20 +657,80 @@ mod tests {
                     if raw_record.iter().any(|(_, v)| Quantity::parse(v).is_err()) {
                         continue; // written and compared, but not a quantity to read back
                     }
-                    let recorded = read(&annotations).unwrap_or_else(|e| panic!("{e}"));
-                    for (resource, text) in raw_record {
-                        let Some(((raw_text, _), _)) = recorded.get(resource) else {
-                            panic!("{resource} not recorded");
-                        };
-                        assert_eq!(raw_text, text);
+                    // Read alone, and knowing the node's policy (its own text is then taken
+                    // as its ratios, unparsed): the same either way.
+                    for known in [None, Some(policy)] {
+                        let recorded = read(&annotations, known).unwrap_or_else(|e| panic!("{e}"));
+                        for (resource, text) in raw_record {
+                            let Some(((raw_text, _), _)) = recorded.get(resource) else {
+                                panic!("{resource} not recorded");
+                            };
+                            assert_eq!(raw_text, text);
+                        }
+                        for (resource, (text, _)) in &policy.ratios {
+                            let ratio = recorded.ratios.get(resource.as_str());
+                            assert_eq!(ratio, Ratio::parse(text).ok().as_ref(), "{resource}");
+                        }
+                        assert_eq!(recorded.usage.len(), usage_written.len());
+                        let unparsed = matches!(recorded.ratios, RecordedRatios::Policy(_));
+                        let own_text = static_applied(policy).is_some() && usage_written.is_empty();
+                        assert_eq!(unparsed, known.is_some() && own_text, "{}", policy.name);
                     }
-                    for (resource, (text, _)) in &policy.ratios {
-                        let ratio = recorded.ratios.get(resource.as_str());
-                        assert_eq!(ratio, Ratio::parse(text).ok().as_ref(), "{resource}");
-                    }
-                    assert_eq!(recorded.usage.len(), usage_written.len());
                 }
             }
+        }
+    }
+
+    /// Knowing the node's policy never changes what is read: an applied annotation written
+    /// under other ratios, another policy or the usage rule is read from its text.
+    #[test]
+    fn a_text_other_than_the_policys_own_is_read_from_the_text() {
+        let now = policy("batch", &[("cpu", "2"), ("memory", "1.5")]);
+        let read_with = |applied: &str| {
+            let mut annotations = StrMap::new();
+            annotations.insert(
+                Cow::Borrowed(RAW_ALLOCATABLE_ANNOTATION),
+                Cow::Borrowed("cpu=4,memory=16Gi"),
+            );
+            annotations.insert(Cow::Borrowed(APPLIED_ANNOTATION), Cow::Borrowed(applied));
+            let recorded = read(&annotations, Some(&now)).unwrap_or_else(|e| panic!("{e}"));
+            let ratio = |r| recorded.ratios.get(r).map(|r: &Ratio| r.to_string());
+            let unparsed = matches!(recorded.ratios, RecordedRatios::Policy(_));
+            (
+                ratio("cpu"),
+                ratio("memory"),
+                unparsed,
+                recorded.usage.len(),
+            )
+        };
+        let s = |t: &str| Some(t.to_string());
+        // Applied text -> cpu and memory ratios read, whether unparsed, usage values read.
+        type Read = (Option<String>, Option<String>, bool, usize);
+        let cases: &[(&str, Read)] = &[
+            (
+                "policy=batch;ratios=cpu=2,memory=1.5",
+                (s("2"), s("1.5"), true, 0),
+            ),
+            (
+                "policy=batch;ratios=cpu=3,memory=1.5",
+                (s("3"), s("1.5"), false, 0),
+            ),
+            ("policy=batch;ratios=cpu=2", (s("2"), None, false, 0)),
+            (
+                "policy=other;ratios=cpu=2,memory=1.5",
+                (s("2"), s("1.5"), false, 0),
+            ),
+            (
+                "policy=batch;ratios=cpu=2,memory=1.5;usage=cpu=6",
+                (s("2"), s("1.5"), false, 1),
+            ),
+            (
+                r#"{"policy":"batch","ratios":{"cpu":"2","memory":"1.5"}}"#,
+                (s("2"), s("1.5"), false, 0),
+            ),
+        ];
+        for (applied, want) in cases {
+            assert_eq!(&read_with(applied), want, "{applied}");
         }
     }
 
@@ -620,13 +744,17 @@ mod tests {
                 Cow::Borrowed(raw),
             );
             annotations.insert(Cow::Borrowed(APPLIED_ANNOTATION), Cow::Borrowed(applied));
-            read(&annotations)
+            read(&annotations, None)
                 .map(|r| {
                     let raw: Vec<String> =
                         r.raw.iter().map(|(k, (t, _))| format!("{k}={t}")).collect();
                     let usage: Vec<String> =
                         r.usage.iter().map(|(k, q)| format!("{k}={q}")).collect();
-                    (raw.join(","), r.ratios.len(), usage.join(","))
+                    let ratios = match r.ratios {
+                        RecordedRatios::Read(ratios) => ratios.len(),
+                        RecordedRatios::Policy(ratios) => ratios.len(),
+                    };
+                    (raw.join(","), ratios, usage.join(","))
                 })
                 .map_err(|e| e.to_string())
         };

@@ -205,7 +205,13 @@ pub fn decide_with_usage(
             .filter(|s| carries_annotations(s))
             .and_then(|s| s.annotations)
     };
-    let previous = match previous_source.map(annotations::read) {
+    let labels = node.labels;
+    let (outcome, policy) = match policies.for_node(&labels) {
+        NodeChoice::Policy(p) => (NodeOutcome::Policy(p.name.clone()), Some(p)),
+        NodeChoice::NoPolicy => (NodeOutcome::NoPolicy, None),
+        NodeChoice::OptedOut => (NodeOutcome::OptedOut, None),
+    };
+    let previous = match previous_source.map(|a| annotations::read(a, policy)) {
         None => None,
         Some(Ok(previous)) => Some(previous),
         Some(Err(reason)) => {
@@ -214,13 +220,6 @@ pub fn decide_with_usage(
             ));
             None
         }
-    };
-
-    let labels = node.labels;
-    let (outcome, policy) = match policies.for_node(&labels) {
-        NodeChoice::Policy(p) => (NodeOutcome::Policy(p.name.clone()), Some(p)),
-        NodeChoice::NoPolicy => (NodeOutcome::NoPolicy, None),
-        NodeChoice::OptedOut => (NodeOutcome::OptedOut, None),
     };
 
     let mut patch = Vec::new();

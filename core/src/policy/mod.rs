@@ -27,7 +27,7 @@ mod usage;
 mod validate;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
@@ -160,6 +160,11 @@ pub struct CompiledPolicy {
     pub usage: Option<CompiledUsage>,
     /// `spec.requestCap` and `spec.capMode`; None when the policy sets no cap.
     pub cap: Option<CompiledCap>,
+    /// The `overcommit.dev/applied` annotation's policy and ratios as the node rule writes
+    /// them (`policy=NAME;ratios=...`; None where they cannot be listed), made by the node
+    /// rule on first use: the same for every node the policy inflates, so not rebuilt for each
+    /// review.
+    pub applied_listed: OnceLock<Option<String>>,
 }
 
 /// Pod defaults with their quantities parsed.
