@@ -50,6 +50,15 @@ where
     out
 }
 
+/// `prefix` (a pointer, its segments already escaped) then `segment`, escaped: `pointer` with
+/// its constant segments written once (a path per changed resource in every node review).
+pub fn pointer_under(prefix: &str, segment: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + 1 + segment.len());
+    out.push_str(prefix);
+    push_segment(&mut out, segment);
+    out
+}
+
 /// `/` and `segment` escaped (`~` as `~0`, `/` as `~1`) onto `out`.
 pub fn push_segment(out: &mut String, segment: &str) {
     out.push('/');
@@ -140,6 +149,11 @@ mod tests {
         ];
         for &(segments, expected) in cases {
             assert_eq!(pointer(segments.iter().copied()), expected);
+            // The last segment under the others as a written prefix: the same pointer.
+            if let Some((last, head)) = segments.split_last() {
+                let prefix = pointer(head.iter().copied());
+                assert_eq!(pointer_under(&prefix, last), expected, "{segments:?}");
+            }
         }
     }
 

@@ -346,14 +346,41 @@ impl Quantity {
         else {
             return self.to_string();
         };
-        let mut digits = Digits::default();
-        let digits = digits.of(units);
-        let mut text = String::with_capacity(digits.len() + zeros.len() + suffix.len());
-        for piece in [digits, zeros, suffix] {
-            text.push_str(piece);
+        // Room for every u64's digits, a suffix and two zeros in the one allocation.
+        let mut text = String::with_capacity(24);
+        match u64::try_from(units) {
+            Ok(small) => push_digits(&mut text, small),
+            Err(_) => text.push_str(Digits::default().of(units)),
         }
+        text.push_str(zeros);
+        text.push_str(suffix);
         text
     }
+}
+
+/// The decimal digits of `n` appended to `text`, as `Display` writes them: into a small buffer
+/// (zeroed in a few stores where u128's is a `memset` call), then as ASCII characters (no
+/// UTF-8 check).
+fn push_digits(text: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    while let Some(next) = at.checked_sub(1) {
+        at = next;
+        if let Some(slot) = digits.get_mut(at) {
+            *slot = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    text.extend(
+        digits
+            .get(at..)
+            .unwrap_or_default()
+            .iter()
+            .map(|&d| char::from(d)),
+    );
 }
 
 /// Room for the decimal digits of any u128 (39 of them).

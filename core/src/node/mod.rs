@@ -47,7 +47,7 @@ use self::annotations::{Desired, KEYS, RawRecord, Recorded, Written};
 use self::heartbeat::{Condition, HeartbeatLine, Quiet};
 use self::usage::{FallbackSet, NodeUsage, UsageSource, UsageView};
 use crate::Account;
-use crate::patch::{PatchOp, pointer};
+use crate::patch::{PatchOp, pointer, pointer_under};
 use crate::policy::{NodeChoice, PolicySet};
 use crate::quantity::{Format, MAX_UNITS, Quantity, QuantityError, Ratio};
 
@@ -321,7 +321,7 @@ pub fn decide_with_usage(
         };
         if desired != incoming {
             patch.push(PatchOp::Replace {
-                path: pointer(["status", "allocatable", resource]),
+                path: pointer_under("/status/allocatable", resource),
                 value: Value::String(result()),
             });
         }
