@@ -20,7 +20,8 @@ release:
 #               CRD checks, issue 2-4 end-to-end tests (go test ./... in tests/cluster: control
 #               plane, webhook inflation and scheduling, leader/rotation, local installation),
 #               install manifests (deploy/, Helm), a short chaos run (local, and `chaos cluster`
-#               against deploy/ installed as pods), the benchmark smoke check
+#               against deploy/ installed as pods), the benchmark smoke check (its Go peer built
+#               in the background from the start of test-e2e)
 #   image-check the Dockerfile's binary in a root holding only what distroless/cc has
 #   deny        licenses, banned crates and sources of the dependency tree (cargo-deny, built in
 #               the background during test-e2e)
@@ -46,6 +47,7 @@ test-unit:
 
 test-e2e: release cluster-build
 	tests/tools.sh cargo-deny --start
+	python3 bench/bench.py prebuild-go --start
 	$(CARGO) test --locked --release -- --ignored
 	$(MAKE) cluster-test
 	$(MAKE) test-deploy
