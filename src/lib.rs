@@ -27,5 +27,7 @@ pub mod server;
 pub mod shutdown;
 pub mod sources;
 pub mod status;
+#[cfg(test)]
+pub(crate) mod temp_dir;
 pub mod watch;
 pub mod webhook;

@@ -111,7 +111,7 @@ mod tests {
     /// change; reading the file from outside is not one either; writing it is.
     #[tokio::test]
     async fn reading_the_files_does_not_reload_them() {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = crate::temp_dir::TempDir::new().expect("temp dir");
         let file = dir.path().join("tls.crt");
         std::fs::write(&file, "one").expect("write");
         let reloads = Arc::new(AtomicUsize::new(0));

@@ -12,19 +12,21 @@ use std::process::{Command, Output, Stdio};
 
 use overcommit_core::policy::{PolicySet, parse_policy_file};
 
+#[path = "../src/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::TempDir;
+
 const DIR: &str = env!("CARGO_MANIFEST_DIR");
 
 /// A control plane in its own run directory, stopped on drop (and by itself after 10 minutes or
 /// when this process is gone).
 struct ControlPlane {
-    run_dir: tempfile::TempDir,
+    run_dir: TempDir,
 }
 
 impl ControlPlane {
     fn up() -> ControlPlane {
-        let run_dir = tempfile::Builder::new()
-            .prefix("kube-overcommit-crd-e2e-")
-            .tempdir()
+        let run_dir = TempDir::with_prefix("kube-overcommit-crd-e2e-")
             .unwrap_or_else(|e| panic!("temp dir: {e}"));
         let pid = std::process::id().to_string();
         let out = kcp(

@@ -49,7 +49,7 @@ fn bind_via(cp: &ControlPlane, name: &str, node: &str, old: bool) -> (bool, Stri
         "{{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{{\"name\":\"{name}\"}},\
          \"target\":{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"{node}\"}}}}"
     );
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = common::TempDir::new().expect("tmp");
     let file = dir.path().join("binding.json");
     std::fs::write(&file, binding).expect("binding file");
     let path = if old {

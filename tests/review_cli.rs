@@ -3,6 +3,10 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
+#[path = "../src/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_kube-overcommit");
 const DIR: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -169,7 +173,7 @@ fn review_explain_names_the_path() {
 
 #[test]
 fn review_refuses_a_bad_policy_file_with_a_clear_message() {
-    let dir = match tempfile::tempdir() {
+    let dir = match TempDir::new() {
         Ok(d) => d,
         Err(e) => panic!("{e}"),
     };
@@ -276,7 +280,7 @@ fn review_explains_each_heartbeat() {
 
 #[test]
 fn review_replays_a_usage_decision_from_flags_or_a_usage_file() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+    let dir = TempDir::new().unwrap_or_else(|e| panic!("temp dir: {e}"));
     let policy = dir.path().join("usage.yaml");
     std::fs::write(
         &policy,

@@ -115,7 +115,7 @@ async fn http2_connections_must_send_a_request_within_the_header_timeout() {
             .send()
             .await
             .expect("send");
-        assert_eq!(r.version(), reqwest::Version::HTTP_2);
+        assert_eq!(r.version(), http::Version::HTTP_2);
         assert_eq!(r.status(), 200);
         if i == 0 {
             tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -147,9 +147,9 @@ async fn mutate_over_http1_keepalive_and_http2() {
             assert_eq!(
                 version,
                 if http2 {
-                    reqwest::Version::HTTP_2
+                    http::Version::HTTP_2
                 } else {
-                    reqwest::Version::HTTP_11
+                    http::Version::HTTP_11
                 }
             );
             assert_eq!(resp.status(), 200);
@@ -984,7 +984,7 @@ async fn http2_body_over_the_limit_gets_413() {
         .send()
         .await
         .expect("send");
-    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.version(), http::Version::HTTP_2);
     assert_eq!(r.status(), 413);
     // The connection stays usable for the next review.
     let r = c

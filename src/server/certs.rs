@@ -319,7 +319,7 @@ mod tests {
 
     #[test]
     fn reloader_keeps_last_good_pair() {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = crate::temp_dir::TempDir::new().expect("tempdir");
         let resolver = Arc::new(CertResolver::new());
         let metrics = Arc::new(Metrics::new());
         let readiness = crate::probes::Readiness::new();

@@ -378,7 +378,7 @@ mod tests {
 
     #[test]
     fn a_client_ca_file_without_certificates_is_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = crate::temp_dir::TempDir::new().expect("tempdir");
         let empty = dir.path().join("ca.crt");
         std::fs::write(&empty, "not a certificate\n").expect("write");
         let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -3,6 +3,11 @@
 //! waiting for conditions, and clients.
 #![allow(dead_code)]
 
+pub(crate) mod https;
+#[path = "../../src/temp_dir.rs"]
+mod temp_dir;
+pub(crate) use temp_dir::TempDir;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -140,7 +145,7 @@ pub(crate) struct Webhook {
     pub webhook: SocketAddr,
     pub probes: SocketAddr,
     pub logs: Arc<Mutex<Vec<String>>>,
-    pub tmp: tempfile::TempDir,
+    pub tmp: TempDir,
     pub tls_dir: PathBuf,
     pub policy_file: PathBuf,
 }
@@ -163,7 +168,7 @@ impl Webhook {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
-        let tmp = tempfile::tempdir().expect("tempdir");
+        let tmp = TempDir::new().expect("tempdir");
         let tls_dir = tmp.path().join("tls");
         match leaf {
             Some(leaf) => write_leaf(&tls_dir, leaf),
@@ -277,7 +282,7 @@ impl Drop for Webhook {
 /// Poll `cond` every 20 ms until it holds or `timeout` passes.
 /// POST a review to /mutate and return the JSON answer (panics: this is a test helper).
 pub(crate) async fn mutate_json(
-    c: &reqwest::Client,
+    c: &https::Client,
     w: &Webhook,
     review: &serde_json::Value,
 ) -> serde_json::Value {
@@ -386,39 +391,16 @@ pub(crate) async fn peer_leaf(addr: SocketAddr, ca: CertificateDer<'static>) -> 
         .map(|c| c.to_vec())
 }
 
-/// An HTTPS client trusting `ca`; a new client means new connections.
-pub(crate) fn https_client(ca: CertificateDer<'static>, http2: bool) -> reqwest::Client {
-    let alpn: &[&[u8]] = if http2 { &[b"h2"] } else { &[b"http/1.1"] };
-    let cfg = client_config(ca, &all_versions(), alpn);
-    let b = reqwest::Client::builder()
-        .use_preconfigured_tls(cfg)
-        .timeout(Duration::from_secs(20));
-    let b = if http2 {
-        b.http2_prior_knowledge()
-    } else {
-        b.http1_only()
-    };
-    b.build().expect("client")
-}
-
 pub(crate) fn url(w: &Webhook, path: &str) -> String {
     format!("https://localhost:{}{}", w.webhook.port(), path)
 }
 
-/// A client that resolves `localhost` to the webhook's address.
-pub(crate) fn client_for(w: &Webhook, ca: CertificateDer<'static>, http2: bool) -> reqwest::Client {
+/// A client of the webhook's address (`localhost` in its URLs), trusting `ca`; HTTP/2 with prior
+/// knowledge or HTTP/1.1 only. A new client means new connections.
+pub(crate) fn client_for(w: &Webhook, ca: CertificateDer<'static>, http2: bool) -> https::Client {
     let alpn: &[&[u8]] = if http2 { &[b"h2"] } else { &[b"http/1.1"] };
     let cfg = client_config(ca, &all_versions(), alpn);
-    let b = reqwest::Client::builder()
-        .use_preconfigured_tls(cfg)
-        .resolve("localhost", w.webhook)
-        .timeout(Duration::from_secs(20));
-    let b = if http2 {
-        b.http2_prior_knowledge()
-    } else {
-        b.http1_only()
-    };
-    b.build().expect("client")
+    https::Client::new(w.webhook, cfg, http2, Duration::from_secs(20))
 }
 
 /// A node status AdmissionReview (UPDATE nodes/status) with `cpu` allocatable.
@@ -562,7 +544,7 @@ pub(crate) async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
 /// A control plane in a temporary run dir, stopped when dropped.
 pub(crate) struct ControlPlane {
     kcp: PathBuf,
-    run_dir: tempfile::TempDir,
+    run_dir: TempDir,
 }
 
 impl ControlPlane {
@@ -578,7 +560,7 @@ impl ControlPlane {
             .output()
             .expect("kcp.sh path");
         let kcp = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        let run_dir = tempfile::tempdir().expect("run dir");
+        let run_dir = TempDir::new().expect("run dir");
         let st = Command::new(&kcp)
             .args([
                 "up",
