@@ -883,6 +883,7 @@ def main() -> int:
     ap_.add_argument("--no-build", action="store_true")
     pr = sub.add_parser("profile")
     pr.add_argument("--server", default="kube-overcommit")
+    pr.add_argument("--no-build", action="store_true", help="use the binaries already built")
     pr.add_argument("--payload", default="node-55k")
     pr.add_argument("--seconds", type=int, default=10)
     pr.add_argument("--dwarf", action="store_true", help="DWARF call graphs (bigger, slower)")
