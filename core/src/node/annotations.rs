@@ -404,15 +404,11 @@ impl Desired<'_> {
         if key == RAW_ALLOCATABLE_ANNOTATION {
             return self.raw_record.iter().copied().all(pair);
         }
-        self.static_applied().is_some()
+        static_applied(self.policy).is_some()
             && self
                 .usage_written
                 .iter()
                 .all(|(resource, value)| is_listable(resource) && is_listable(&value.to_string()))
-    }
-
-    fn static_applied(&self) -> Option<&str> {
-        static_applied(self.policy)
     }
 
     /// Annotation `key` in the listed format, piece by piece to `piece` (which says whether to
@@ -422,7 +418,7 @@ impl Desired<'_> {
         if key == RAW_ALLOCATABLE_ANNOTATION {
             return list(self.raw_record.iter().copied(), &mut piece);
         }
-        let static_part = self.static_applied().is_some_and(&mut piece);
+        let static_part = static_applied(self.policy).is_some_and(&mut piece);
         if !static_part || self.usage_written.is_empty() {
             return static_part;
         }

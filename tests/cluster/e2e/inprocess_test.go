@@ -158,7 +158,7 @@ func (e *ipEnv) noPolicyInForce() {
 	if _, err := e.admin.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("probe node: %v", err)
 	}
-	asNode := e.asNode(probe)
+	asNode := kubeletClient(e.t, e.config, probe)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		got, err := func() (*corev1.Node, error) {
@@ -178,18 +178,6 @@ func (e *ipEnv) noPolicyInForce() {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// asNode is a client acting as the kubelet of node `name` (system:node:NAME).
-func (e *ipEnv) asNode(name string) kubernetes.Interface {
-	e.t.Helper()
-	config := rest.CopyConfig(e.config)
-	config.Impersonate = rest.ImpersonationConfig{UserName: "system:node:" + name, Groups: []string{"system:nodes", "system:authenticated"}}
-	client, err := kubernetes.NewForConfig(config)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return client
 }
 
 // ipCapacity and ipRaw: a node's capacity and the kubelet's allocatable.
@@ -694,7 +682,7 @@ func (e *ipEnv) write(name, what string, edit func(*corev1.Node)) {
 // fresh read, with a fresh review.
 func (e *ipEnv) put(name string, edit func(*corev1.Node)) (*corev1.Node, *corev1.Node) {
 	e.t.Helper()
-	asNode := e.asNode(name)
+	asNode := kubeletClient(e.t, e.config, name)
 	var got, want *corev1.Node
 	stale := func(err error) bool {
 		return apierrors.IsConflict(err) || (apierrors.IsForbidden(err) && strings.Contains(err.Error(), "taints"))

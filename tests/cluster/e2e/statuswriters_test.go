@@ -24,8 +24,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"kube-overcommit/tests/cluster/harness"
@@ -120,8 +118,6 @@ func TestStatusWritersAndMirrorPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	asNode := rest.CopyConfig(c.RestConfig)
-	asNode.Impersonate = rest.ImpersonationConfig{UserName: "system:node:" + node, Groups: []string{"system:nodes", "system:authenticated"}}
 	mirror := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: "static-web-" + node, Namespace: ns,
@@ -136,7 +132,7 @@ func TestStatusWritersAndMirrorPods(t *testing.T) {
 			Containers: []corev1.Container{{Name: "web", Image: "registry.k8s.io/pause:3.10"}},
 		},
 	}
-	created, err := kubernetes.NewForConfigOrDie(asNode).CoreV1().Pods(ns).Create(ctx, mirror, metav1.CreateOptions{})
+	created, err := kubeletClient(t, c.RestConfig, node).CoreV1().Pods(ns).Create(ctx, mirror, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("mirror pod as system:node:%s: %v", node, err)
 	}
