@@ -26,6 +26,7 @@ import ssl
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -439,3 +440,102 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
             subprocess.run([str(KCP), "down"], check=False)
     results["markdown"] = apiserver_markdown(results)
     return results
+
+
+# Where the API server spends the in-process policy's time (`bench.py profile-inprocess`): a CPU
+# profile (pprof) of the control plane during one client's sequential status PATCHes of the probe
+# node, without a policy, with the compiled policy (quiet heartbeats off, then on), without again.
+PROFILE_PHASES = (("none", None), ("in-process", "0"), ("in-process-quiet", f"{REPORT_FREQUENCY_S}s"), ("none-again", None))
+# What a sample's stack holds to count in a share: the mutating admission policy plugin; within
+# it, CEL (the API server's CEL evaluator, which also turns the object into CEL values, and cel-go);
+# within it and outside CEL, applying the policy's JSON patch (the API server turns the whole node
+# into JSON, patches it and decodes it again).
+POLICY_FRAMES = "k8s.io/apiserver/pkg/admission/plugin/policy/mutating"
+CEL_FRAMES = ("github.com/google/cel-go/", "k8s.io/apiserver/pkg/admission/plugin/cel.", "k8s.io/apiserver/pkg/cel/")
+PATCH_FRAMES = "k8s.io/apiserver/pkg/admission/plugin/policy/mutating/patch."
+
+
+def _pprof(api: Api, seconds: int, into: Path) -> None:
+    conn = api.new_conn(timeout=seconds + 60)
+    conn.request("GET", f"/debug/pprof/profile?seconds={seconds}", headers=api.headers())
+    r = conn.getresponse()
+    data = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"pprof: HTTP {r.status}: {data[:300]!r}")
+    into.write_bytes(data)
+
+
+def profile_shares(profile: Path) -> dict:
+    """CPU seconds of the whole profile and of its shares (POLICY_FRAMES and the rest above), from
+    the samples `go tool pprof -traces` lists."""
+    text = subprocess.run(["go", "tool", "pprof", "-traces", str(profile)], capture_output=True, text=True,
+                          check=True).stdout
+    unit = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0}
+    shares = {"total_s": 0.0, "policy_s": 0.0, "cel_s": 0.0, "json_patch_s": 0.0}
+    for block in text.split("-----------+-------------------------------------------------------")[1:]:
+        lines = [line.strip() for line in block.splitlines() if line.strip()]
+        value = lines[0].split()[0] if lines else ""
+        number = value.rstrip("nu\u00b5ms")
+        if not number or value[len(number):] not in unit:
+            continue
+        seconds = float(number) * unit[value[len(number):]]
+        # A frame by its function's package (a frame's generic type arguments name others).
+        frames = [lines[0][len(value):].strip(), *lines[1:]]
+        in_frames = lambda *packages: any(f.startswith(packages) for f in frames)  # noqa: E731
+        shares["total_s"] += seconds
+        if not in_frames(POLICY_FRAMES):
+            continue
+        shares["policy_s"] += seconds
+        if in_frames(*CEL_FRAMES):
+            shares["cel_s"] += seconds
+        elif in_frames(PATCH_FRAMES):
+            shares["json_patch_s"] += seconds
+    return shares
+
+
+def profile_inprocess(binary: Path, patches: int, seconds: int) -> list[dict]:
+    """Starts its own control plane, with the API server's profiling on (tests/cluster runs it
+    off), unless one with profiling on is running."""
+    cluster_started = False
+    if subprocess.run([str(KCP), "kubectl", "get", "--raw", "/readyz"], capture_output=True).returncode != 0:
+        subprocess.run([str(KCP), "up", "--apiserver-arg=--profiling=true"], check=True)
+        cluster_started = True
+    elif subprocess.run([str(KCP), "kubectl", "get", "--raw", "/debug/pprof/"], capture_output=True).returncode != 0:
+        raise SystemExit(f"a control plane without profiling is running: `{KCP} down` first, and this starts one with it")
+    api = Api()
+    rows = []
+    try:
+        inprocess_off()
+        node = create_probe_node(api)
+        raw = node["status"]["allocatable"]
+        for phase, refresh in PROFILE_PHASES:
+            inprocess_off()
+            if refresh is None:
+                wait_for("no compiled policy in force", lambda: patch_latencies(api, raw, 1)["mutated"] == 0,
+                         timeout=60, interval=1)
+            else:
+                inprocess_on(binary, refresh)
+                wait_for("the compiled policy to be in force", lambda: patch_latencies(api, raw, 1)["mutated"] == 1,
+                         timeout=60, interval=1)
+            patch_latencies(api, raw, 50)
+            profile = OUT / f"pprof-apiserver-{phase}.pb.gz"
+            c0 = control_plane_counters(api)
+            # The profile runs beside the PATCHes, which outlast it.
+            recorder = threading.Thread(target=_pprof, args=(api, seconds, profile))
+            recorder.start()
+            lat = patch_latencies(api, raw, patches)
+            recorder.join()
+            c1 = control_plane_counters(api)
+            done = c1["status_patches"] - c0["status_patches"]
+            row = {"phase": phase, "patches": done, "p50_ms": lat["p50_ms"], "mutated": lat["mutated"],
+                   "cpu_ms_per_patch": (c1["cpu_s"] - c0["cpu_s"]) * 1000 / max(1, done),
+                   "profile": str(profile.relative_to(ROOT)), **profile_shares(profile)}
+            rows.append(row)
+            log(f"{phase}: {done} status PATCHes, p50 {row['p50_ms']:.2f} ms, control plane CPU "
+                f"{row['cpu_ms_per_patch']:.2f} ms per PATCH; profile {row['profile']}")
+    finally:
+        inprocess_off()
+        api.request("DELETE", f"/api/v1/nodes/{PROBE_NODE}")
+        if cluster_started:
+            subprocess.run([str(KCP), "down"], check=False)
+    return rows

@@ -7,6 +7,9 @@
                   no timing assertions (suitable for `make test`)
   bench.py report re-render BENCHMARKS.md from bench/out/results.json
   bench.py binding only the placement cap's pods/binding check beside the floor (its rows, printed)
+  bench.py profile           perf record of one server under load: its hottest symbols
+  bench.py profile-inprocess the API server's CPU profile (pprof) without and with the compiled
+                             MutatingAdmissionPolicy, and the policy's, CEL's and JSON patch's shares
 
 Servers (each pinned to CPU 1, the load generator to CPU 0, all on 127.0.0.1, all stop by
 themselves): kube-overcommit serve; bench/go-webhook (controller-runtime CustomDefaulters);
@@ -848,6 +851,24 @@ def cmd_apiserver(args) -> int:
     return 0
 
 
+def cmd_profile_inprocess(args) -> int:
+    """A CPU profile of the API server without and with the compiled MutatingAdmissionPolicy
+    (bench/out/pprof-apiserver-PHASE.pb.gz), and the policy's share of it: where the README's
+    in-process profile figures come from."""
+    bins = build(args.no_build)
+    ensure_payloads(False)
+    rows = apiserver_bench.profile_inprocess(bins["kube-overcommit"], args.patches, args.seconds)
+    print("| phase | status PATCHes | p50 ms | control plane CPU ms per PATCH | profiled CPU s | policy | CEL | JSON patch |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        share = lambda k: f"{100 * r[k] / r['total_s']:.0f}%" if r["total_s"] else "-"  # noqa: E731
+        print(f"| {r['phase']} | {r['patches']:,} | {r['p50_ms']:.2f} | {r['cpu_ms_per_patch']:.2f} | {r['total_s']:.1f} | "
+              f"{share('policy_s')} | {share('cel_s')} | {share('json_patch_s')} |")
+    print("(shares of the API server's profiled CPU; CEL and JSON patch are parts of the policy's; "
+          "`go tool pprof -top bench/out/pprof-apiserver-in-process.pb.gz` for the functions)")
+    return 0
+
+
 def cmd_report(_args) -> int:
     report.write(read_results(), ROOT / "BENCHMARKS.md")
     return 0
@@ -889,9 +910,14 @@ def main() -> int:
     pr.add_argument("--dwarf", action="store_true", help="DWARF call graphs (bigger, slower)")
     pr.add_argument("--flamegraph", action="store_true",
                     help="also write bench/out/flamegraph-SERVER-PAYLOAD.svg (DWARF call graphs; installs inferno)")
+    pi = sub.add_parser("profile-inprocess", help="the API server's CPU profile with the compiled policy (see the README)")
+    pi.add_argument("--patches", type=int, default=3000, help="sequential status PATCHes per phase")
+    pi.add_argument("--seconds", type=int, default=20, help="profile length per phase (the PATCHes outlast it)")
+    pi.add_argument("--no-build", action="store_true", help="use the binaries already built")
     args = ap.parse_args()
     return {"run": cmd_run, "smoke": cmd_smoke, "report": cmd_report, "profile": cmd_profile,
-            "apiserver": cmd_apiserver, "binding": cmd_binding, "prebuild-go": cmd_prebuild_go}[args.cmd](args)
+            "apiserver": cmd_apiserver, "binding": cmd_binding, "prebuild-go": cmd_prebuild_go,
+            "profile-inprocess": cmd_profile_inprocess}[args.cmd](args)
 
 
 if __name__ == "__main__":
