@@ -112,9 +112,9 @@ pub fn to_json(ops: &[PatchOp]) -> Result<Vec<u8>, serde_json::Error> {
 
 /// A JSON string as serde_json writes it: copied as it is when serde_json would escape
 /// nothing in it (no `"`, `\` or control character; it escapes nothing else), else by
-/// serde_json. Paths and quantities never need an escape, and serde_json's writer costs a few
-/// hundred instructions per string.
-fn write_str(out: &mut Vec<u8>, text: &str) -> Result<(), serde_json::Error> {
+/// serde_json. Paths, quantities and review uids never need an escape, and serde_json's writer
+/// costs a few hundred instructions per string.
+pub fn write_str(out: &mut Vec<u8>, text: &str) -> Result<(), serde_json::Error> {
     if text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
         return serde_json::to_writer(out, text);
     }

@@ -17,6 +17,7 @@
 
 use std::ops::Range;
 
+use base64::Engine as _;
 use serde_json::{Value, json};
 
 use super::*;

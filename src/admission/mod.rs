@@ -24,7 +24,6 @@ use std::borrow::Cow;
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use overcommit_core::Account;
@@ -711,34 +710,24 @@ fn review_body(uid: &str, patch: Option<&[u8]>) -> Vec<u8> {
     const ALLOWED: &str = r#","allowed":true"#;
     const PATCH: &str = r#","patchType":"JSONPatch","patch":""#;
     const TAIL: &str = "}}";
-    let engine = &base64::engine::general_purpose::STANDARD;
-    let encoded_len = patch.map_or(0, |p| base64::encoded_len(p.len(), true).unwrap_or(0));
+    // Padded base64 (RFC 4648): four characters per started three bytes. The patch is at most
+    // a few KB, so this cannot overflow.
+    let encoded_len = patch.map_or(0, |p| p.len().div_ceil(3).saturating_mul(4));
     // The uid in quotes, with room for a few escapes.
     let capacity = HEAD.len() + uid.len() + 8 + ALLOWED.len() + PATCH.len() + encoded_len + 1;
     let mut body = Vec::with_capacity(capacity + TAIL.len());
     body.extend_from_slice(HEAD.as_bytes());
     // A string into a Vec cannot fail; should it ever, the answer has an empty uid.
-    if serde_json::to_writer(&mut body, uid).is_err() {
+    if patch::write_str(&mut body, uid).is_err() {
         body.truncate(HEAD.len());
         body.extend_from_slice(b"\"\"");
     }
     body.extend_from_slice(ALLOWED.as_bytes());
     if let Some(patch) = patch {
         body.extend_from_slice(PATCH.as_bytes());
-        let start = body.len();
-        body.resize(start + encoded_len, 0);
-        let written = body
-            .get_mut(start..)
-            .map(|out| engine.encode_slice(patch, out));
-        match written {
-            Some(Ok(n)) if n == encoded_len => {}
-            // Cannot happen (the length is base64's own); should it, encode the slow way, so
-            // that the answer still carries the patch its outcome says it carries.
-            _ => {
-                body.truncate(start);
-                body.extend_from_slice(engine.encode(patch).as_bytes());
-            }
-        }
+        // Vectorised (AVX2/SSE4.1/NEON, chosen at run time) straight into the reserved room,
+        // standard alphabet with padding: a tenth of the scalar encoder's instructions.
+        base64_simd::STANDARD.encode_append(patch, &mut body);
         body.push(b'"');
     }
     body.extend_from_slice(TAIL.as_bytes());
