@@ -339,23 +339,39 @@ impl Webhook {
 
 /// `application/json`, any case, with or without parameters (`; charset=utf-8`).
 fn is_json(v: Option<&HeaderValue>) -> bool {
-    let Some(v) = v.and_then(|v| v.to_str().ok()) else {
+    let Some(v) = v else {
+        return false;
+    };
+    // What the API server sends, compared as it is (every review passes here).
+    if v.as_bytes() == b"application/json" {
+        return true;
+    }
+    let Ok(v) = v.to_str() else {
         return false;
     };
     let mime = v.split(';').next().unwrap_or("").trim();
     mime.eq_ignore_ascii_case("application/json")
 }
 
+/// The declared length: decimal digits (one leading `+` allowed, as `u64::from_str` allows),
+/// whitespace around them ignored; anything else, or a value above `u64::MAX`, is invalid.
 fn content_length(v: Option<&HeaderValue>) -> Result<Option<u64>, ()> {
-    match v {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .map(Some)
-            .ok_or(()),
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    let text = v.as_bytes().trim_ascii();
+    let digits = text.strip_prefix(b"+").unwrap_or(text);
+    if digits.is_empty() {
+        return Err(());
     }
+    digits
+        .iter()
+        .try_fold(0u64, |n, &b| {
+            let digit = b.is_ascii_digit().then(|| u64::from(b - b'0'))?;
+            n.checked_mul(10)?.checked_add(digit)
+        })
+        .map(Some)
+        .ok_or(())
 }
 
 /// Collect the body, reserving its bytes in the budget as they arrive (a small declared
@@ -425,10 +441,17 @@ where
 
 /// The API server's `timeout` query parameter, a Go duration such as `10s` or `1m30s`.
 fn query_timeout(query: &str) -> Option<Duration> {
-    query
+    let value = query
         .split('&')
-        .find_map(|kv| kv.strip_prefix("timeout="))
-        .and_then(parse_go_duration)
+        .find_map(|kv| kv.strip_prefix("timeout="))?;
+    // The API server writes whole seconds (`10s`): read without the general grammar's floats.
+    let whole_seconds = value
+        .strip_suffix('s')
+        .filter(|n| (1..=9).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()));
+    match whole_seconds {
+        Some(n) => n.parse().ok().map(Duration::from_secs),
+        None => parse_go_duration(value),
+    }
 }
 
 fn parse_go_duration(s: &str) -> Option<Duration> {
@@ -547,6 +570,7 @@ mod tests {
             "application/json",
             "application/json; charset=utf-8",
             "Application/JSON;charset=UTF-8",
+            " application/json\t",
         ];
         for v in ok {
             assert!(is_json(Some(&HeaderValue::from_static(v))), "{v}");
@@ -579,5 +603,51 @@ mod tests {
             Some(Duration::from_secs(5))
         );
         assert_eq!(query_timeout("a=b"), None);
+        // The whole-seconds shortcut answers as the grammar does.
+        for value in [
+            "10s",
+            "0s",
+            "2s",
+            "999999999s",
+            "1234567890s",
+            "1m30s",
+            "500ms",
+            "s",
+            "1.5s",
+            "+1s",
+            "1ss",
+        ] {
+            assert_eq!(
+                query_timeout(&format!("timeout={value}")),
+                parse_go_duration(value),
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn content_lengths() {
+        let cases = [
+            ("53456", Ok(Some(53456))),
+            ("0", Ok(Some(0))),
+            (" 12 ", Ok(Some(12))),
+            ("+7", Ok(Some(7))),
+            ("18446744073709551615", Ok(Some(u64::MAX))),
+            ("18446744073709551616", Err(())),
+            ("", Err(())),
+            ("+", Err(())),
+            ("-1", Err(())),
+            ("1 2", Err(())),
+            ("0x10", Err(())),
+            ("++1", Err(())),
+        ];
+        for (text, want) in cases {
+            let value = HeaderValue::from_static(text);
+            assert_eq!(content_length(Some(&value)), want, "{text:?}");
+            // As `u64::from_str` of the trimmed text answers.
+            let std = text.trim().parse::<u64>().map(Some).map_err(|_| ());
+            assert_eq!(content_length(Some(&value)), std, "{text:?}");
+        }
+        assert_eq!(content_length(None), Ok(None));
     }
 }
