@@ -466,6 +466,18 @@ impl<'a> Members<'a> {
         }))
     }
 
+    /// Close the object at `brace`, which the caller found by other means: the members from
+    /// the current one's value up to it are jumped over, not looked at. `brace` must hold the
+    /// `}` and lie past the current member's key.
+    pub fn close_at(&mut self, brace: usize) -> Result<(), ScanError> {
+        if brace < self.pos || self.body.get(brace) != Some(&b'}') {
+            return Err(ScanError::at(Code::ExpectedCommaOrBrace, brace));
+        }
+        self.pending = None;
+        self.close(brace);
+        Ok(())
+    }
+
     fn close(&mut self, brace: usize) -> Option<Member<'a>> {
         self.done = true;
         self.pos = brace + 1;

@@ -10,7 +10,8 @@
 //! - damage in the unread tail (from the status member after allocatable and capacity, or from
 //!   `oldObject`, when a node review's decision needs nothing there: `read.rs`), or in the
 //!   object's status after its conditions where the reader jumps to `oldObject` (quiet
-//!   heartbeats): the reader's answer is the undamaged review's, byte for byte.
+//!   heartbeats), or in the object's metadata after its annotations where the reader jumps
+//!   to the metadata's end: the reader's answer is the undamaged review's, byte for byte.
 //!
 //! Every policy set is tried with quiet heartbeats off and on (a fixed clock near the
 //! fixtures' heartbeats, so that stored ones are kept).
@@ -162,6 +163,10 @@ const MAY_STOP_AT: &[&str] = &[
     "capacity",
     "conditions",
     "oldObject",
+    // The object's metadata after its annotations, jumped over to its end.
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
 ];
 
 /// Whether the reader may stop before the end of this review in some order of its members: a
@@ -695,6 +700,8 @@ struct Unread {
     middle: Option<Range<usize>>,
     /// The stored node before its conditions, jumped over (quiet heartbeats).
     stored_head: Option<Range<usize>>,
+    /// The object's metadata after its annotations, jumped over to its closing brace.
+    metadata_tail: Option<Range<usize>>,
 }
 
 fn unread(body: &[u8], set: &Rules) -> Unread {
@@ -702,6 +709,7 @@ fn unread(body: &[u8], set: &Rules) -> Unread {
         from: read::unread_from(body, &set.needs()),
         middle: read::unread_middle(body, &set.needs()),
         stored_head: read::unread_stored_head(body, &set.needs()),
+        metadata_tail: read::unread_metadata_tail(body, &set.needs()),
     }
 }
 
@@ -743,7 +751,7 @@ fn check_damaged(
         }
         return;
     }
-    let in_middle = [&unread.middle, &unread.stored_head]
+    let in_middle = [&unread.middle, &unread.stored_head, &unread.metadata_tail]
         .iter()
         .any(|span| span.as_ref().is_some_and(|s| s.contains(&damage.start)));
     if unread.from.is_some_and(|from| damage.start >= from) || in_middle {
@@ -1054,6 +1062,54 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     assert_eq!(answer.status, 400);
     // A pod review is read to its end.
     assert_eq!(read::unread_from(FIXTURES[3].1, &set.needs()), None);
+}
+
+#[test]
+fn the_metadata_after_the_annotations_is_jumped_over_only_where_the_status_follows() {
+    // A node review of an inflated node as the API server writes it: the object's managedFields
+    // are jumped over to the metadata's closing brace, with every policy set.
+    let body = FIXTURES[5].1; // bench node-55k
+    let text = String::from_utf8_lossy(body).into_owned();
+    let managed = text
+        .find("\"managedFields\":")
+        .map(|at| at + "\"managedFields\":".len());
+    let brace = text.find("},\"spec\":").map(|at| at + 1);
+    for (policies, set) in &policy_sets() {
+        let tail = read::unread_metadata_tail(body, &set.needs());
+        assert_eq!(
+            tail.map(|t| (t.start, t.end)),
+            managed.zip(brace),
+            "{policies}: managedFields' value to the metadata's closing brace, included"
+        );
+        assert_identical(policies, body, set);
+    }
+    let set = &policy_sets()[0].1;
+    // The object's members in another order: the status between the metadata and the spec
+    // (so `},"spec":` first follows the status), or no spec at all (so it first follows the
+    // stored node's metadata): the object is read again, or stepped through, as before.
+    let spec = ",\"spec\":{}";
+    assert_eq!(
+        text.matches(spec).count(),
+        2,
+        "the object's spec and the stored node's"
+    );
+    let no_spec = text.replacen(spec, "", 1);
+    let status_then_spec =
+        no_spec.replacen("}},\"oldObject\":", "},\"spec\":{}},\"oldObject\":", 1);
+    assert_ne!(status_then_spec, no_spec);
+    for (name, variant) in [
+        ("status before spec", &status_then_spec),
+        ("no spec", &no_spec),
+    ] {
+        let body = variant.as_bytes();
+        let answer = assert_identical(name, body, set);
+        assert_eq!(answer.outcome, Outcome::Patched, "{name}");
+        assert_eq!(
+            read::unread_metadata_tail(body, &set.needs()),
+            None,
+            "{name}: not jumped"
+        );
+    }
 }
 
 #[test]

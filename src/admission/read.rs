@@ -104,6 +104,17 @@
 //!   after them. Both spans are tolerated like the unread tail (damage there does not
 //!   change the answer), and a body written any other way than the API server writes it (a
 //!   space before `oldObject`, another order) is read whole.
+//! - **The metadata after its annotations.** On a node review the reader may stop in (the
+//!   unread tail, above), once the object's labels and annotations are read, the first
+//!   member the API server writes after them (`ownerReferences`, `finalizers`,
+//!   `managedFields`: on a Node, its managedFields, ~0.7 KB on the benchmark's node and several
+//!   KB on a real kubelet's, ~6 instructions a byte to step over) is not stepped over: the
+//!   reader jumps to the metadata's closing brace, found by its text (`},"spec":`, the
+//!   object's next member; `metadata_end`). Nothing in that span is checked, and a second
+//!   copy of a read field there is not seen: damage there does not change the answer (as in
+//!   the unread tail). A body written another way cannot make the jump read anything else:
+//!   a span holding `"oldObject":` is not jumped, and if no status is read after the jump (it
+//!   lay inside what was jumped over), the object is read again without it.
 //! - **No array form of structs.** serde's derive also accepts a struct written as a JSON array
 //!   of its fields in order (`["admission.k8s.io/v1","AdmissionReview",{...}]`); this reader
 //!   wants objects at the walked levels (400 for the envelope, fail open for the object).
@@ -116,6 +127,7 @@
 //! serde_json reads; syntax errors found by the scan use serde_json's words at the scan's index.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::ops::Range;
 use std::sync::LazyLock;
 
@@ -381,6 +393,8 @@ struct Jumped {
     object_rest: Option<Range<usize>>,
     /// The stored node before its conditions (`stored_node_ahead`).
     stored_head: Option<Range<usize>>,
+    /// The object's metadata after its annotations, to its closing brace (`metadata_end`).
+    metadata_tail: Option<Range<usize>>,
 }
 
 /// Where `parse` stops reading `body` (the tolerance of the unread tail), if it stops early.
@@ -405,6 +419,14 @@ pub(super) fn unread_stored_head(body: &[u8], needs: &dyn Needs) -> Option<Range
     read_review(body, needs)
         .ok()
         .and_then(|review| review.jumped.stored_head)
+}
+
+/// What `parse` jumps over in the object's metadata after its annotations, if anything.
+#[cfg(test)]
+pub(super) fn unread_metadata_tail(body: &[u8], needs: &dyn Needs) -> Option<Range<usize>> {
+    read_review(body, needs)
+        .ok()
+        .and_then(|review| review.jumped.metadata_tail)
 }
 
 /// Whether the object's conditions (the array at `start`, in the object whose value starts at
@@ -636,12 +658,14 @@ fn read_request<'a>(
                 let object = |members: &mut Members<'a>,
                               object_error: &mut _,
                               ahead: &mut Ahead<'a>,
+                              tail: &mut _,
                               may_stop| {
                     let ahead = conditions.then_some(ahead);
-                    let read = read_object(body, needs, members, may_stop, ahead);
+                    let read = read_object(body, needs, members, may_stop, ahead, tail);
                     keep_value(body, Some(members), member.value_start, object_error, read)
                 };
-                let read = object(&mut members, object_error, &mut ahead, may_stop)?;
+                let tail = &mut jumped.metadata_tail;
+                let read = object(&mut members, object_error, &mut ahead, tail, may_stop)?;
                 if let Some((object_read, after)) = read {
                     request.object = object_read;
                     if let (After::Stopped(at), Some(unread_from)) = (after, unread_from.as_mut()) {
@@ -659,7 +683,9 @@ fn read_request<'a>(
                             }
                             // Not as the API server writes it: the object is read whole.
                             None => {
-                                let whole = object(&mut members, object_error, &mut ahead, false)?;
+                                let tail = &mut jumped.metadata_tail;
+                                let whole =
+                                    object(&mut members, object_error, &mut ahead, tail, false)?;
                                 request.object = whole.and_then(|(object_read, _)| object_read);
                             }
                         }
@@ -1127,13 +1153,16 @@ enum Ended {
 /// A struct of the objects, whose value starts at `start`: each member named in `fields` is
 /// read by `read_field(struct, name, members)` (the member's value is the current one of
 /// `members`), every other member is skipped, and a field given twice is refused as serde's
-/// derive refuses it. Null is `None`. Returns the struct and how far it was read.
+/// derive refuses it. Null is `None`. `jump(struct, key, value_start)` may name the struct's
+/// closing brace at a skipped member (`no_jump`: never). Returns the struct and how far it was
+/// read.
 fn read_struct<'a, T: Default>(
     body: &'a [u8],
     start: usize,
     name: &'static str,
     fields: &[&'static str],
     mut read_field: impl FnMut(&mut T, &str, &mut Members<'a>) -> Read<After>,
+    mut jump: impl FnMut(&T, &[u8], usize) -> Option<usize>,
 ) -> Read<Option<(T, Ended)>> {
     let Some(mut members) = struct_members(body, start, name)? else {
         return Ok(None);
@@ -1156,7 +1185,12 @@ fn read_struct<'a, T: Default>(
         }
         stop_before = &[];
         let Some(index) = index else {
-            continue; // skipped
+            // Skipped; or, where `jump` knows the closing brace, the rest is jumped over.
+            if let Some(brace) = jump(&value, member.key.as_ref(), member.value_start) {
+                members.close_at(brace).map_err(scan_error(body))?;
+                break;
+            }
+            continue;
         };
         match read_field(&mut value, fields[index], &mut members)? {
             After::Next => {}
@@ -1176,7 +1210,24 @@ fn read_member<'a, T: Default>(
     fields: &[&'static str],
     read_field: impl FnMut(&mut T, &str, &mut Members<'a>) -> Read<After>,
 ) -> Read<(Option<T>, After)> {
-    match read_struct(body, parent.value_start(), name, fields, read_field)? {
+    let read = read_struct(
+        body,
+        parent.value_start(),
+        name,
+        fields,
+        read_field,
+        no_jump,
+    );
+    member_read(parent, read?)
+}
+
+/// `parent` continues past its current member, read as `read` says (unless reading stopped
+/// inside it).
+fn member_read<'a, T>(
+    parent: &mut Members<'a>,
+    read: Option<(T, Ended)>,
+) -> Read<(Option<T>, After)> {
+    match read {
         None => Ok((None, After::Next)),
         Some((value, Ended::Closed(end))) => {
             parent.value_read(end);
@@ -1186,55 +1237,97 @@ fn read_member<'a, T: Default>(
     }
 }
 
+/// For `read_struct`: every member not read is stepped over.
+fn no_jump<T>(_: &T, _: &[u8], _: usize) -> Option<usize> {
+    None
+}
+
 /// `object`: metadata and status walked, spec read whole (the pod rule needs its containers).
 /// After a data error the value is left to `parent`, which steps over it. With `may_stop`
 /// (`read_request`: a node review whose other fields are known), reading stops inside
 /// `status` once the metadata's annotations are all the rules need (`Needs`) and both
-/// quantity maps are read: `After::Stopped`.
+/// quantity maps are read: `After::Stopped`; and the metadata's members after its annotations
+/// are jumped over (`metadata_end`). A jump is kept only if the status is read after it (a
+/// Node always has one): otherwise, or if reading after it fails, the object is read again
+/// without jumping, so that a jump can only save work, never change what is read. `tail` is
+/// what was jumped over, if a jump was kept.
 fn read_object<'a>(
     body: &'a [u8],
     needs: &dyn Needs,
     parent: &mut Members<'a>,
     may_stop: bool,
     mut may_need_conditions: Option<&mut Ahead<'a>>,
+    tail: &mut Option<Range<usize>>,
 ) -> Read<(Option<ObjectIn<'a>>, After)> {
-    let fields = &["metadata", "spec", "status"];
-    read_member(
-        body,
-        parent,
-        "ObjectIn",
-        fields,
-        |object: &mut ObjectIn<'a>, name, members| match name {
-            "metadata" => {
-                object.metadata = read_metadata(body, members)?;
-                Ok(After::Next)
-            }
-            "spec" => {
-                object.spec = field(body, members)?;
-                Ok(After::Next)
-            }
-            _ => {
-                let metadata = object.metadata.as_ref();
-                let annotations = metadata.and_then(|m| m.annotations.as_ref());
-                let may_stop = may_stop && !needs.stored_annotations(annotations);
-                // Labels not read yet (metadata after status): the conditions may be needed.
-                let conditions = may_need_conditions
-                    .as_deref_mut()
-                    .filter(|_| metadata.is_none_or(|m| needs.conditions(m.labels.as_ref())));
-                let (status, after) = read_status(body, members, may_stop, conditions)?;
-                object.status = status;
-                Ok(after)
-            }
-        },
-    )
+    let start = parent.value_start();
+    let jumped = Cell::new(None);
+    let mut read = |may_jump: bool| {
+        read_struct(
+            body,
+            start,
+            "ObjectIn",
+            &["metadata", "spec", "status"],
+            |object: &mut ObjectIn<'a>, name, members| match name {
+                "metadata" => {
+                    object.metadata = read_metadata(body, members, may_jump.then_some(&jumped))?;
+                    Ok(After::Next)
+                }
+                "spec" => {
+                    object.spec = field(body, members)?;
+                    Ok(After::Next)
+                }
+                _ => {
+                    let metadata = object.metadata.as_ref();
+                    let annotations = metadata.and_then(|m| m.annotations.as_ref());
+                    let may_stop = may_stop && !needs.stored_annotations(annotations);
+                    // Labels not read yet (metadata after status): the conditions may be needed.
+                    let conditions = may_need_conditions
+                        .as_deref_mut()
+                        .filter(|_| metadata.is_none_or(|m| needs.conditions(m.labels.as_ref())));
+                    let (status, after) = read_status(body, members, may_stop, conditions)?;
+                    object.status = status;
+                    Ok(after)
+                }
+            },
+            no_jump,
+        )
+    };
+    let mut object = read(may_stop);
+    let status_read = matches!(&object, Ok(Some((o, _))) if o.status.is_some());
+    *tail = jumped.take();
+    if tail.is_some() && !status_read {
+        *tail = None;
+        object = read(false);
+    }
+    member_read(parent, object?)
 }
 
-/// `metadata`: managedFields, ownerReferences, ... skipped.
-fn read_metadata<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<MetaIn<'a>>> {
+/// `metadata`: managedFields, ownerReferences, ... skipped. With `jumped` (`read_object`), once
+/// the labels and annotations are read, a member the API server writes after them is not
+/// stepped over but jumped over to the metadata's end (`metadata_end`), and `jumped` holds
+/// the span jumped over.
+fn read_metadata<'a>(
+    body: &'a [u8],
+    parent: &mut Members<'a>,
+    jumped: Option<&Cell<Option<Range<usize>>>>,
+) -> Read<Option<MetaIn<'a>>> {
     let fields = &["namespace", "labels", "annotations"];
-    let (metadata, _) = read_member(
+    let jump = |metadata: &MetaIn<'a>, key: &[u8], value_start: usize| {
+        let jumped = jumped?;
+        let tail = METADATA_AFTER_ANNOTATIONS
+            .iter()
+            .any(|k| k.as_bytes() == key);
+        if !tail || metadata.labels.is_none() || metadata.annotations.is_none() {
+            return None;
+        }
+        let brace = metadata_end(body, value_start)?;
+        // The brace itself too: a byte inserted before it lands in what is jumped over.
+        jumped.set(Some(value_start..brace + 1));
+        Some(brace)
+    };
+    let read = read_struct(
         body,
-        parent,
+        parent.value_start(),
         "MetaIn",
         fields,
         |metadata: &mut MetaIn<'a>, name, members| {
@@ -1245,8 +1338,32 @@ fn read_metadata<'a>(body: &'a [u8], parent: &mut Members<'a>) -> Read<Option<Me
             }
             Ok(After::Next)
         },
+        jump,
     )?;
+    let (metadata, _) = member_read(parent, read)?;
     Ok(metadata)
+}
+
+/// The members of `ObjectMeta` the API server writes after `annotations` (Go's field order).
+/// A Node's are mostly `managedFields`: ~0.7 KB on the benchmark's node, several KB on a real
+/// kubelet's (every status field it sets), ~6 instructions a byte to step over.
+const METADATA_AFTER_ANNOTATIONS: &[&str] = &["ownerReferences", "finalizers", "managedFields"];
+
+/// The closing brace of an object's metadata, searched for from `from` (the value of one of
+/// `METADATA_AFTER_ANNOTATIONS`): `},"spec":`, the object's next member as the API server
+/// writes it. Nothing in between can hold that text: what it writes there has no member named
+/// `spec` (managedFields' field sets name fields `f:spec`), and no string can hold an
+/// unescaped quote. In a body written another way the first such text may lie further on,
+/// past members that are needed: past the object's status (`read_object` then finds no status
+/// read after the jump and reads the object again without it), or into `oldObject`, whose
+/// status would then be read as the object's: a span holding `"oldObject":` is not jumped
+/// (`None`: the members are stepped over as usual).
+fn metadata_end(body: &[u8], from: usize) -> Option<usize> {
+    static END: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"},\"spec\":"));
+    static OLD_OBJECT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"oldObject\":"));
+    let brace = from + END.find(body.get(from..)?)?;
+    let span = body.get(from..brace)?;
+    OLD_OBJECT.find(span).is_none().then_some(brace)
 }
 
 /// The fields of a Node's status after `capacity` and `allocatable`, in the API server's order
@@ -1411,5 +1528,6 @@ fn read_old_object<'a>(
             old.metadata = metadata;
             Ok(After::Next)
         },
+        no_jump,
     )
 }
