@@ -367,7 +367,7 @@ fn content_length(v: Option<&HeaderValue>) -> Result<Option<u64>, ()> {
     digits
         .iter()
         .try_fold(0u64, |n, &b| {
-            let digit = b.is_ascii_digit().then(|| u64::from(b - b'0'))?;
+            let digit = u64::from(b.checked_sub(b'0').filter(|d| *d < 10)?);
             n.checked_mul(10)?.checked_add(digit)
         })
         .map(Some)

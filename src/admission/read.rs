@@ -1223,10 +1223,7 @@ fn read_member<'a, T: Default>(
 
 /// `parent` continues past its current member, read as `read` says (unless reading stopped
 /// inside it).
-fn member_read<'a, T>(
-    parent: &mut Members<'a>,
-    read: Option<(T, Ended)>,
-) -> Read<(Option<T>, After)> {
+fn member_read<T>(parent: &mut Members<'_>, read: Option<(T, Ended)>) -> Read<(Option<T>, After)> {
     match read {
         None => Ok((None, After::Next)),
         Some((value, Ended::Closed(end))) => {
