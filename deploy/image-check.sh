@@ -29,7 +29,7 @@ fi
 # debuginfo, which acts at link time only (the linker's --strip-debug): the same compilation as
 # target/release, so binutils' `strip --strip-debug` of that binary gives the same code and the
 # same shared-library needs, without building the whole dependency graph a second time for
-# another profile (~10 minutes on empty caches). Without binutils: that second build, in its own
+# another profile (13.5 minutes of one cold `make test`, with other work beside it). Without binutils: that second build, in its own
 # target directory (the stripped profile would otherwise rebuild target/release).
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 (cd "$root" && cargo build --release --locked --bin kube-overcommit)

@@ -726,7 +726,8 @@ fn review_body(uid: &str, patch: Option<&[u8]>) -> Vec<u8> {
     if let Some(patch) = patch {
         body.extend_from_slice(PATCH.as_bytes());
         // Vectorised (AVX2/SSE4.1/NEON, chosen at run time) straight into the reserved room,
-        // standard alphabet with padding: a tenth of the scalar encoder's instructions.
+        // standard alphabet with padding: about a quarter of the scalar encoder's instructions
+        // (callgrind, 55 KB review: ~1.6k -> ~0.4k).
         base64_simd::STANDARD.encode_append(patch, &mut body);
         body.push(b'"');
     }
