@@ -11,6 +11,7 @@ pub mod borrowed;
 pub mod map;
 pub mod plain;
 pub mod scan;
+mod swar;
 #[doc(hidden)]
 pub mod testing;
 

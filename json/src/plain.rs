@@ -18,44 +18,12 @@ use std::borrow::Cow;
 
 use crate::map::StrMap;
 use crate::scan::skip_ws;
-
-const ONES: u64 = u64::MAX / 255;
-const HIGH_BITS: u64 = ONES << 7;
-
-/// Bytes of eight `byte`s: where a byte of `word` equals `byte` its high bit is set (and maybe
-/// those of higher bytes, which the lowest match makes irrelevant).
-fn equal_bytes(word: u64, byte: u8) -> u64 {
-    let x = word ^ (ONES * u64::from(byte));
-    x.wrapping_sub(ONES) & !x
-}
-
-/// Whether `byte` ends a run of plain string bytes: `"`, `\` or a control character (below 0x20).
-fn ends_run(byte: u8) -> bool {
-    byte == b'"' || byte == b'\\' || byte < 0x20
-}
+use crate::swar;
 
 /// The first index at or after `from` holding `"`, `\` or a control character (below 0x20), or
-/// `bytes.len()`. Eight bytes at a time (the way serde_json does it; most strings here are
-/// shorter than a vector search's set-up).
+/// `bytes.len()`.
 fn string_stop(bytes: &[u8], from: usize) -> usize {
-    let rest = bytes.get(from..).unwrap_or_default();
-    let mut chunks = rest.chunks_exact(8);
-    for (n, chunk) in chunks.by_ref().enumerate() {
-        let mut word = [0; 8];
-        word.copy_from_slice(chunk);
-        let word = u64::from_le_bytes(word);
-        let control = word.wrapping_sub(ONES * 0x20) & !word;
-        let found = (control | equal_bytes(word, b'"') | equal_bytes(word, b'\\')) & HIGH_BITS;
-        if found != 0 {
-            return from + n * 8 + (found.trailing_zeros() / 8) as usize;
-        }
-    }
-    let tail = chunks.remainder();
-    let at = tail
-        .iter()
-        .position(|&byte| ends_run(byte))
-        .unwrap_or(tail.len());
-    bytes.len() - tail.len() + at
+    swar::run_end::<false>(bytes, from)
 }
 
 /// A string in the text: its quotes at `start` and `end - 1`; `escaped` if it has a backslash.
@@ -89,7 +57,10 @@ fn string(bytes: &[u8], at: usize) -> Option<Span> {
                 escaped = true;
                 bytes.get(i + 1)?;
                 i += 2;
-                while bytes.get(i).is_some_and(|&byte| !ends_run(byte)) {
+                while bytes
+                    .get(i)
+                    .is_some_and(|&byte| !swar::ends_run::<false>(byte))
+                {
                     i += 1;
                 }
             }

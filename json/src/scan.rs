@@ -19,6 +19,8 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use crate::swar;
+
 /// A syntax error at a byte index of the body (serde_json's wording). Eight bytes, so that a
 /// `Result<usize, ScanError>` comes back in registers on the hot path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -442,8 +444,7 @@ impl<'a> Members<'a> {
             None => return Err(ScanError::at(Code::EofObject, body.len())),
             Some(_) => return Err(ScanError::at(Code::KeyMustBeAString, i)),
         }
-        let key_end = skip_string(body, i)?;
-        let key = decode_key(body, i, key_end)?;
+        let (key, key_end) = read_key(body, i)?;
         let mut v = skip_ws(body, key_end);
         match body.get(v) {
             Some(b':') => v = skip_ws(body, v + 1),
@@ -483,6 +484,19 @@ impl<'a> Members<'a> {
         self.pos = brace + 1;
         None
     }
+}
+
+/// The key whose opening quote is at `start`, and the index past its closing quote. A field
+/// name is printable ASCII without escapes: found in one pass a word at a time, with nothing
+/// left to check; any other key is read by `skip_string` and `decode_key`.
+fn read_key(body: &[u8], start: usize) -> Result<(Cow<'_, [u8]>, usize), ScanError> {
+    let stop = swar::run_end::<true>(body, start + 1);
+    if body.get(stop) == Some(&b'"') {
+        let raw = body.get(start + 1..stop).unwrap_or_default();
+        return Ok((Cow::Borrowed(raw), stop + 1));
+    }
+    let key_end = skip_string(body, start)?;
+    Ok((decode_key(body, start, key_end)?, key_end))
 }
 
 /// The key whose quotes are at `start` and `end - 1`, checked like serde_json checks a key it
