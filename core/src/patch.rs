@@ -1,25 +1,28 @@
 //! JSON Patch (RFC 6902) operations, built by hand: the node and pod rules emit a few
 //! operations, so a small typed list serialised once is all that is needed. Pure.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use serde_json::Value;
 
-/// One JSON Patch operation. Paths are JSON Pointers (RFC 6901): build them with [`pointer`].
+/// One JSON Patch operation. Paths are JSON Pointers (RFC 6901): build them with [`pointer`]
+/// (or write a constant one: the usual paths of a node review are, with no allocation).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 pub enum PatchOp {
     /// Adds a member, or replaces it if it exists.
     Add {
-        path: String,
+        path: Cow<'static, str>,
         value: Value,
     },
     /// Replaces a member that must exist.
     Replace {
-        path: String,
+        path: Cow<'static, str>,
         value: Value,
     },
     Remove {
-        path: String,
+        path: Cow<'static, str>,
     },
 }
 
@@ -165,7 +168,7 @@ mod tests {
             vec![PatchOp::Remove { path: "".into() }],
             vec![
                 PatchOp::Replace {
-                    path: pointer(["status", "allocatable", "nvidia.com/gpu"]),
+                    path: pointer(["status", "allocatable", "nvidia.com/gpu"]).into(),
                     value: Value::from("8"),
                 },
                 PatchOp::Add {
@@ -173,7 +176,7 @@ mod tests {
                     value: object.clone(),
                 },
                 PatchOp::Remove {
-                    path: pointer(["metadata", "annotations", "overcommit.dev/applied"]),
+                    path: pointer(["metadata", "annotations", "overcommit.dev/applied"]).into(),
                 },
                 PatchOp::Add {
                     path: "/n".into(),

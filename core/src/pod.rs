@@ -352,18 +352,18 @@ fn container_patch(
         let mut resources = Map::new();
         resources.insert("requests".to_string(), Value::Object(as_map(requests)));
         patch.push(PatchOp::Add {
-            path: pointer(base),
+            path: pointer(base).into(),
             value: Value::Object(resources),
         });
     } else if !container.has_requests {
         patch.push(PatchOp::Add {
-            path: pointer(base.into_iter().chain(["requests"])),
+            path: pointer(base.into_iter().chain(["requests"])).into(),
             value: Value::Object(as_map(requests)),
         });
     } else {
         for (resource, value) in requests {
             patch.push(PatchOp::Add {
-                path: pointer(base.into_iter().chain(["requests", resource])),
+                path: pointer(base.into_iter().chain(["requests", resource])).into(),
                 value: Value::String(value),
             });
         }

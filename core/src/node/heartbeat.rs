@@ -143,9 +143,25 @@ pub fn keep_stored(
     (kept, lines)
 }
 
-/// `/status/conditions/INDEX/lastHeartbeatTime`, in one allocation (what `pointer` makes of
-/// those segments: none needs an escape).
-fn heartbeat_path(index: usize) -> String {
+/// `/status/conditions/INDEX/lastHeartbeatTime` (what `pointer` makes of those segments: none
+/// needs an escape): a constant for the first ten (a kubelet writes five conditions), else in
+/// one allocation.
+fn heartbeat_path(index: usize) -> Cow<'static, str> {
+    const FIRST: [&str; 10] = [
+        "/status/conditions/0/lastHeartbeatTime",
+        "/status/conditions/1/lastHeartbeatTime",
+        "/status/conditions/2/lastHeartbeatTime",
+        "/status/conditions/3/lastHeartbeatTime",
+        "/status/conditions/4/lastHeartbeatTime",
+        "/status/conditions/5/lastHeartbeatTime",
+        "/status/conditions/6/lastHeartbeatTime",
+        "/status/conditions/7/lastHeartbeatTime",
+        "/status/conditions/8/lastHeartbeatTime",
+        "/status/conditions/9/lastHeartbeatTime",
+    ];
+    if let Some(path) = FIRST.get(index) {
+        return Cow::Borrowed(path);
+    }
     const HEAD: &str = "/status/conditions/";
     const TAIL: &str = "/lastHeartbeatTime";
     // The index's digits, last first.
@@ -165,7 +181,7 @@ fn heartbeat_path(index: usize) -> String {
         path.push(char::from(digit));
     }
     path.push_str(TAIL);
-    path
+    Cow::Owned(path)
 }
 
 fn counterpart<'s, 'a>(

@@ -40,6 +40,8 @@ pub mod heartbeat;
 pub mod history;
 pub mod usage;
 
+use std::borrow::Cow;
+
 use overcommit_json::StrMap;
 use serde_json::Value;
 
@@ -321,7 +323,7 @@ pub fn decide_with_usage(
         };
         if desired != incoming {
             patch.push(PatchOp::Replace {
-                path: pointer_under("/status/allocatable", resource),
+                path: allocatable_pointer(resource),
                 value: Value::String(result()),
             });
         }
@@ -366,6 +368,18 @@ pub fn decide_with_usage(
         heartbeats,
         usage_fallbacks,
     })
+}
+
+/// `/status/allocatable/RESOURCE`: a constant for the resources every node has (one op each in
+/// nearly every review), built for any other.
+fn allocatable_pointer(resource: &str) -> Cow<'static, str> {
+    match resource {
+        "cpu" => Cow::Borrowed("/status/allocatable/cpu"),
+        "memory" => Cow::Borrowed("/status/allocatable/memory"),
+        "pods" => Cow::Borrowed("/status/allocatable/pods"),
+        "ephemeral-storage" => Cow::Borrowed("/status/allocatable/ephemeral-storage"),
+        _ => Cow::Owned(pointer_under("/status/allocatable", resource)),
+    }
 }
 
 /// floor(raw x ratio) in the resource's unit, printed like the raw value (cpu: millicores).
@@ -440,14 +454,14 @@ fn annotation_patch(
             }
             patch.push(if node.has_metadata {
                 PatchOp::Add {
-                    path: pointer(["metadata", "annotations"]),
+                    path: pointer(["metadata", "annotations"]).into(),
                     value: Value::Object(annotations),
                 }
             } else {
                 let mut metadata = serde_json::Map::new();
                 metadata.insert("annotations".to_string(), Value::Object(annotations));
                 PatchOp::Add {
-                    path: pointer(["metadata"]),
+                    path: pointer(["metadata"]).into(),
                     value: Value::Object(metadata),
                 }
             });
@@ -460,7 +474,7 @@ fn annotation_patch(
                     .is_some_and(|current| desired.is_written(key, current));
                 if !unchanged {
                     patch.push(PatchOp::Add {
-                        path: pointer(["metadata", "annotations", key]),
+                        path: pointer(["metadata", "annotations", key]).into(),
                         value: Value::String(value(&desired, key)?),
                     });
                 }
@@ -470,7 +484,7 @@ fn annotation_patch(
             for key in KEYS {
                 if current.contains_key(key) {
                     patch.push(PatchOp::Remove {
-                        path: pointer(["metadata", "annotations", key]),
+                        path: pointer(["metadata", "annotations", key]).into(),
                     });
                 }
             }

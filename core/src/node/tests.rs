@@ -1092,3 +1092,19 @@ fn resources_a_usage_policy_does_not_target_follow_node_ratios() {
         ),
     );
 }
+
+#[test]
+fn allocatable_pointer_is_the_pointer_of_its_segments() {
+    for resource in [
+        "cpu",
+        "memory",
+        "pods",
+        "ephemeral-storage",
+        "nvidia.com/gpu",
+        "a~b",
+        "",
+    ] {
+        let expected = crate::patch::pointer(["status", "allocatable", resource]);
+        assert_eq!(allocatable_pointer(resource), expected, "{resource}");
+    }
+}
