@@ -75,6 +75,9 @@ impl Quantity {
             }
             _ => {}
         }
+        // The first 19 digits in a u64 (they cannot overflow it; u128 arithmetic costs several
+        // times more per digit), any further ones in the u128.
+        let mut leading: u64 = 0;
         let mut mantissa: u128 = 0;
         let mut exponent: i32 = 0;
         let mut digits = 0usize;
@@ -82,13 +85,20 @@ impl Quantity {
         while let Some(&b) = bytes.get(pos) {
             match b {
                 b'0'..=b'9' => {
+                    let d = b - b'0';
+                    if digits < 19 {
+                        leading = leading * 10 + u64::from(d);
+                    } else {
+                        if digits == 19 {
+                            mantissa = u128::from(leading);
+                        }
+                        // More than 38 significant digits: far beyond anything a node reports.
+                        mantissa = mantissa
+                            .checked_mul(10)
+                            .and_then(|m| m.checked_add(u128::from(d)))
+                            .ok_or_else(overflow)?;
+                    }
                     digits += 1;
-                    let d = u128::from(b - b'0');
-                    // More than 38 significant digits: far beyond anything a node reports.
-                    mantissa = mantissa
-                        .checked_mul(10)
-                        .and_then(|m| m.checked_add(d))
-                        .ok_or_else(overflow)?;
                     if seen_point {
                         exponent = exponent.checked_sub(1).ok_or_else(overflow)?;
                     }
@@ -100,6 +110,9 @@ impl Quantity {
         }
         if digits == 0 {
             return Err(syntax());
+        }
+        if digits <= 19 {
+            mantissa = u128::from(leading);
         }
         let suffix = text.get(pos..).ok_or_else(syntax)?;
         let (format, decimal_shift, binary_power) = match suffix {
@@ -140,6 +153,15 @@ impl Quantity {
     fn new(mut mantissa: u128, mut exponent: i32, format: Format) -> Quantity {
         if mantissa == 0 {
             exponent = 0;
+        }
+        // Trailing zeros into the exponent: in a u64 where the mantissa fits (u128 division
+        // costs several times more).
+        if let Ok(mut small) = u64::try_from(mantissa) {
+            while small != 0 && small.is_multiple_of(10) {
+                small /= 10;
+                exponent = exponent.saturating_add(1);
+            }
+            mantissa = u128::from(small);
         }
         while mantissa != 0 && mantissa.is_multiple_of(10) {
             mantissa /= 10;
@@ -613,6 +635,31 @@ mod tests {
             Quantity::parse("-1"),
             Err(QuantityError::Negative("-1".into()))
         );
+    }
+
+    /// The digits are read in a u64 up to 19 of them and in a u128 past that: every length
+    /// around both limits (19 digits, 38) against the digits read one by one in a u128.
+    #[test]
+    fn long_mantissas_read_the_same_on_both_sides_of_the_u64() {
+        let by_u128 = |digits: &str| {
+            digits.bytes().try_fold(0u128, |m, b| {
+                m.checked_mul(10)?.checked_add(u128::from(b - b'0'))
+            })
+        };
+        for len in 1..=41 {
+            for digits in [
+                "9".repeat(len),
+                format!("1{}", "0".repeat(len - 1)),
+                "1234567890".repeat(5).get(..len).unwrap().to_string(),
+            ] {
+                let expected = by_u128(&digits).map(|m| Quantity::new(m, 0, Format::DecimalSi));
+                assert_eq!(Quantity::parse(&digits).ok(), expected, "{digits}");
+                let fraction = format!("0.{digits}");
+                let expected = by_u128(&digits)
+                    .map(|m| Quantity::new(m, -i32::try_from(len).unwrap(), Format::DecimalSi));
+                assert_eq!(Quantity::parse(&fraction).ok(), expected, "{fraction}");
+            }
+        }
     }
 
     #[test]
