@@ -162,10 +162,11 @@ impl Quantity {
                 exponent = exponent.saturating_add(1);
             }
             mantissa = u128::from(small);
-        }
-        while mantissa != 0 && mantissa.is_multiple_of(10) {
-            mantissa /= 10;
-            exponent = exponent.saturating_add(1);
+        } else {
+            while mantissa.is_multiple_of(10) {
+                mantissa /= 10;
+                exponent = exponent.saturating_add(1);
+            }
         }
         Quantity {
             mantissa,

@@ -198,8 +198,8 @@ impl Alarm {
     /// Ready with the alarms raised that `seen` does not hold.
     fn poll_raised(&self, cx: &mut Context<'_>, seen: u8) -> Poll<u8> {
         let fresh = || self.raised.load(Ordering::Acquire) & !seen;
-        if fresh() != 0 {
-            return Poll::Ready(fresh());
+        if let raised @ 1.. = fresh() {
+            return Poll::Ready(raised);
         }
         self.waker.register(cx.waker());
         // Raised between the first look and the registration: its wake went to the old waker.
