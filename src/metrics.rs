@@ -131,7 +131,8 @@ pub struct HeartbeatsKeptLabels {
 }
 
 /// `outcome` label of the placement reviews counter (/validate): `denied` is capMode Enforce
-/// over the cap, `warned` capMode Warn over the cap.
+/// over the cap, `warned` capMode Warn over the cap, `exempted` a DaemonSet's or critical pod
+/// over the cap (allowed).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PlacementLabels {
     pub outcome: PlacementOutcomeLabel,
@@ -143,6 +144,7 @@ pub enum PlacementOutcomeLabel {
     allowed,
     denied,
     warned,
+    exempted,
     failed_open,
     bad_request,
 }
@@ -154,10 +156,17 @@ impl From<crate::placement::CapOutcome> for PlacementOutcomeLabel {
             CapOutcome::Allowed => Self::allowed,
             CapOutcome::Denied => Self::denied,
             CapOutcome::Warned => Self::warned,
+            CapOutcome::Exempted => Self::exempted,
             CapOutcome::FailedOpen => Self::failed_open,
             CapOutcome::BadRequest => Self::bad_request,
         }
     }
+}
+
+/// `reason` label of the placement reviews that failed open (`PlacementError::reason`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailedOpenLabels {
+    pub reason: &'static str,
 }
 
 /// `result` label of the reads of pods /validate's index did not hold yet.
@@ -249,6 +258,8 @@ pub struct Metrics {
     pub placement_reviews: Family<PlacementLabels, Counter>,
     /// Reads (GET) of pods a binding named that /validate's pod index did not hold yet, by result.
     pub placement_pod_reads: Family<PodReadLabels, Counter>,
+    /// /validate reviews that failed open (allowed undecided), by reason.
+    pub placement_failed_open: Family<FailedOpenLabels, Counter>,
     /// Time from request headers to response, for every /mutate request.
     pub review_duration: LatencyHistogram,
     /// Requests refused before admission, by HTTP status.
@@ -332,6 +343,7 @@ impl Metrics {
             heartbeats_kept: Family::default(),
             placement_reviews: Family::default(),
             placement_pod_reads: Family::default(),
+            placement_failed_open: Family::default(),
             review_duration: LatencyHistogram::new(),
             http_rejects: Family::default(),
             policies_loaded: Gauge::default(),
@@ -360,8 +372,13 @@ impl Metrics {
         );
         root.register(
             "placement_reviews",
-            "Placement reviews on /validate (the request cap) by outcome: denied (capMode Enforce) and warned (capMode Warn) are over the cap",
+            "Placement reviews on /validate (the request cap) by outcome: denied (capMode Enforce), warned (capMode Warn) and exempted (a DaemonSet's or critical pod, allowed) are over the cap",
             m.placement_reviews.clone(),
+        );
+        root.register(
+            "placement_failed_open",
+            "Placement reviews on /validate allowed undecided, by reason (pods_not_synced: the pod index has not listed every pod yet; unknown_pod, unknown_node: not in this replica's caches yet; pod_read_failed, unreadable, no_target, panicked)",
+            m.placement_failed_open.clone(),
         );
         root.register(
             "placement_pod_reads",

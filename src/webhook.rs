@@ -21,7 +21,9 @@ use hyper::body::Incoming;
 use overcommit_core::policy::PolicySet;
 
 use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
-use crate::metrics::{HeartbeatsKeptLabels, Metrics, PlacementLabels, PodReadLabels, RejectLabels};
+use crate::metrics::{
+    FailedOpenLabels, HeartbeatsKeptLabels, Metrics, PlacementLabels, PodReadLabels, RejectLabels,
+};
 use crate::placement::{self, CapOutcome, PlacementSource};
 use crate::server::Handler;
 use crate::server::budget::{BodyBudget, Exhausted, Reservation};
@@ -258,12 +260,20 @@ impl Webhook {
                 })
                 .inc();
         }
+        if let Some(reason) = validated.failed_open {
+            self.metrics
+                .placement_failed_open
+                .get_or_create(&FailedOpenLabels { reason })
+                .inc();
+        }
         match (validated.outcome, &validated.message) {
-            (CapOutcome::Denied | CapOutcome::Warned, Some(message)) => tracing::info!(
-                outcome = validated.outcome.as_str(),
-                %message,
-                "request cap"
-            ),
+            (CapOutcome::Denied | CapOutcome::Warned | CapOutcome::Exempted, Some(message)) => {
+                tracing::info!(
+                    outcome = validated.outcome.as_str(),
+                    %message,
+                    "request cap"
+                )
+            }
             (CapOutcome::FailedOpen, Some(reason)) => {
                 tracing::warn!(%reason, "placement check failed open: allowed")
             }

@@ -50,7 +50,7 @@ fn main() {
         let pod = Observed {
             node: Some(node),
             requested,
-            mirror: false,
+            exempt: None,
             phase: Phase::Active,
         };
         index.apply(key, pod);

@@ -7,20 +7,25 @@
 //! (`pods/binding`) or created with `spec.nodeName`.
 //!
 //! For a pod placed on a node:
-//! 1. **Exempt:** a node with no policy, an opted-out node, a policy without `requestCap`, and
-//!    a mirror pod (annotation `kubernetes.io/config.mirror`: the kubelet reporting a static pod
-//!    that already runs) are allowed.
+//! 1. **Not checked:** a node with no policy, an opted-out node, a policy without `requestCap`,
+//!    and a mirror pod (annotation `kubernetes.io/config.mirror`: the kubelet reporting a static
+//!    pod that already runs) are allowed.
 //! 2. **Per capped resource** the pod requests (as the scheduler counts them,
 //!    [`crate::requests::pod_requests`]; a request of zero or none is not checked, so a pod
 //!    without requests always fits): `requested on the node + the pod's request <= cap`. A
 //!    resource the node does not report raw allocatable for is not checked (nothing to cap).
-//! 3. **Over:** one sentence per resource over its cap, joined by "; ", naming the node, the
-//!    resource, what requests would reach, the cap, its percent and the raw value, and what the
-//!    pod asks ("node worker-7: cpu requests would reach 70.6 of a cap of 70.4 (110% of 64);
-//!    pod web-5 asks 0.5"). `capMode: Enforce` denies with it, `Warn` allows with it as a
-//!    warning. Amounts read as a person reads them: cpu in cores with up to 3 decimals, memory
-//!    in Gi or Mi with up to 3 decimals (bytes below 1Mi); what requests would reach is rounded
-//!    up and the cap rounded down, so an amount shown over the cap is over it.
+//! 3. **Over:** `capMode: Enforce` denies, `Warn` allows with a warning. A pod owned by a
+//!    DaemonSet, or with a priority at or above system-cluster-critical's, is never refused
+//!    (node agents: CNI, CSI, logs, security): it is allowed with a warning, and counted.
+//!
+//! Two texts per resource over its cap ([`Over`]). The requester sees only the node, the
+//! resource, its own pod and what that pod asks ("node worker-7: cpu requests would exceed the
+//! node's placement cap; pod web-5 asks 0.5"): a node's sum, cap and raw value are other tenants'
+//! figures and would show the headroom to aim at. The log gets those too ("node worker-7: cpu
+//! requests would reach 70.6 of a cap of 70.4 (110% of 64); pod web-5 asks 0.5"). Amounts read as
+//! a person reads them: cpu in cores with up to 3 decimals, memory in Gi or Mi with up to 3
+//! decimals (bytes below 1Mi); what requests would reach is rounded up and the cap rounded down,
+//! so an amount shown over the cap is over it.
 //!
 //! Arithmetic saturates: a sum too large for u128 is over any cap.
 
@@ -30,6 +35,46 @@ use crate::policy::{CapMode, CompiledCap, NodeChoice};
 
 /// Annotation the kubelet puts on the mirror pod of a static pod.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// The value of the built-in `system-cluster-critical` PriorityClass. User-defined classes stop
+/// at 1,000,000,000, so only the system classes reach it.
+pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// Why the cap never refuses a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Exempt {
+    /// A mirror pod: the kubelet reporting a static pod that already runs (not even checked).
+    Mirror,
+    /// Owned by a DaemonSet (its controller): one per node, the node's agents.
+    DaemonSet,
+    /// Priority at or above [`CRITICAL_PRIORITY`].
+    Critical,
+}
+
+impl Exempt {
+    /// From what a pod carries: the mirror annotation, whether its controller is a DaemonSet,
+    /// and `spec.priority`.
+    pub fn of(mirror: bool, daemonset_owned: bool, priority: Option<i32>) -> Option<Exempt> {
+        if mirror {
+            Some(Exempt::Mirror)
+        } else if daemonset_owned {
+            Some(Exempt::DaemonSet)
+        } else if priority.is_some_and(|p| p >= CRITICAL_PRIORITY) {
+            Some(Exempt::Critical)
+        } else {
+            None
+        }
+    }
+
+    /// A label value and the words of the warning.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Exempt::Mirror => "mirror",
+            Exempt::DaemonSet => "daemonset",
+            Exempt::Critical => "critical",
+        }
+    }
+}
 
 /// What the rule reads, as plain data. Amounts are in the scheduler's units: millicores for cpu,
 /// whole units (bytes) for everything else.
@@ -47,8 +92,8 @@ pub struct Placement<'a> {
     pub requested: &'a BTreeMap<String, u128>,
     /// The pod's requests as the scheduler counts them.
     pub pod_requests: &'a BTreeMap<String, u128>,
-    /// The pod carries the mirror annotation.
-    pub mirror: bool,
+    /// Why the cap never refuses this pod, if it does not.
+    pub exempt: Option<Exempt>,
 }
 
 /// The answer for a placement.
@@ -56,9 +101,21 @@ pub struct Placement<'a> {
 pub enum CapDecision {
     Allow,
     /// Over the cap with `capMode: Enforce`.
-    Deny(String),
-    /// Over the cap with `capMode: Warn`: allowed, with this warning.
-    Warn(String),
+    Deny(Over),
+    /// Over the cap with `capMode: Warn`: allowed, with a warning.
+    Warn(Over),
+    /// Over the cap, but the pod is never refused (a DaemonSet's or a critical pod): allowed,
+    /// with a warning.
+    Exempted(Exempt, Over),
+}
+
+/// What is said of a placement over the cap: one sentence per resource over it, joined by "; ".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Over {
+    /// For the requester: node, resource, the pod and what it asks; no node figures.
+    pub public: String,
+    /// For the log and the operator: the node's sum, cap, percent and raw value too.
+    pub detail: String,
 }
 
 /// The cap in force for the node a policy choice was made for.
@@ -74,26 +131,40 @@ pub fn check(placement: &Placement<'_>) -> CapDecision {
     let Some(cap) = placement.cap else {
         return CapDecision::Allow;
     };
-    if placement.mirror {
+    if placement.exempt == Some(Exempt::Mirror) {
         return CapDecision::Allow;
     }
-    let over: Vec<String> = cap
+    let (public, detail): (Vec<String>, Vec<String>) = cap
         .percent
         .iter()
         .filter_map(|(resource, &percent)| over_cap(placement, resource, percent))
-        .collect();
-    if over.is_empty() {
+        .unzip();
+    if public.is_empty() {
         return CapDecision::Allow;
     }
-    let message = over.join("; ");
+    let mut over = Over {
+        public: public.join("; "),
+        detail: detail.join("; "),
+    };
+    if let Some(exempt) = placement.exempt {
+        let why = match exempt {
+            Exempt::DaemonSet => "a DaemonSet's pod",
+            Exempt::Critical | Exempt::Mirror => "a critical pod",
+        };
+        over.public = format!(
+            "{}; allowed: {why} is never refused by the cap",
+            over.public
+        );
+        return CapDecision::Exempted(exempt, over);
+    }
     match cap.mode {
-        CapMode::Enforce => CapDecision::Deny(message),
-        CapMode::Warn => CapDecision::Warn(message),
+        CapMode::Enforce => CapDecision::Deny(over),
+        CapMode::Warn => CapDecision::Warn(over),
     }
 }
 
-/// The sentence for one resource when the pod would take it over its cap.
-fn over_cap(placement: &Placement<'_>, resource: &str, percent: u32) -> Option<String> {
+/// The sentences (public, detail) for one resource when the pod would take it over its cap.
+fn over_cap(placement: &Placement<'_>, resource: &str, percent: u32) -> Option<(String, String)> {
     let asks = placement
         .pod_requests
         .get(resource)
@@ -106,15 +177,20 @@ fn over_cap(placement: &Placement<'_>, resource: &str, percent: u32) -> Option<S
     if reach <= limit {
         return None;
     }
-    Some(format!(
-        "node {}: {resource} requests would reach {} of a cap of {} ({percent}% of {}); pod {} asks {}",
+    let asks = amount(resource, asks, Round::Up);
+    let public = format!(
+        "node {}: {resource} requests would exceed the node's placement cap; pod {} asks {asks}",
+        placement.node, placement.pod,
+    );
+    let detail = format!(
+        "node {}: {resource} requests would reach {} of a cap of {} ({percent}% of {}); pod {} asks {asks}",
         placement.node,
         amount(resource, reach, Round::Up),
         amount(resource, limit, Round::Down),
         amount(resource, raw, Round::Down),
         placement.pod,
-        amount(resource, asks, Round::Up),
-    ))
+    );
+    Some((public, detail))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

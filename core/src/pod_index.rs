@@ -1,15 +1,17 @@
 //! The lean pod index the usage rule and the placement cap share: per non-terminal pod, its node,
 //! what it requests of cpu and memory (as `crate::requests` counts them; the cap's resources are
-//! cpu and memory only) and whether it is a mirror pod, and per node the sums, kept as pods come
+//! cpu and memory only) and whether the cap exempts it (`crate::cap::Exempt`), and per node the sums, kept as pods come
 //! and go. Pure: the one pod watch (`sources::pods`, I/O) applies its events here.
 //!
-//! Compact: a pod is its `namespace/name` key, a node number, a flag and two `u64`s (24 bytes
+//! Compact: a pod is its `namespace/name` key, a node number, a byte and two `u64`s (24 bytes
 //! beside the key); node names are stored once. Pods without a node (pending, unscheduled) are
 //! kept, counted in no node's sum: the cap reads a pod being bound from here. Terminal pods
 //! (`Succeeded`, `Failed`) are dropped: the scheduler no longer counts them either. A node's
 //! sums are one lookup ([`PodIndex::requested`]), whatever the number of its pods.
 
 use std::collections::HashMap;
+
+use crate::cap::Exempt;
 
 /// A pod's phase, as far as the index cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +45,8 @@ pub struct Observed<'a> {
     /// `spec.nodeName`; None or empty while pending.
     pub node: Option<&'a str>,
     pub requested: Requested,
-    /// Carries `kubernetes.io/config.mirror` (the kubelet reporting a static pod).
-    pub mirror: bool,
+    /// Why the cap never refuses it (a mirror, a DaemonSet's or a critical pod), if so.
+    pub exempt: Option<Exempt>,
     pub phase: Phase,
 }
 
@@ -54,7 +56,7 @@ pub struct Indexed<'a> {
     /// None while pending.
     pub node: Option<&'a str>,
     pub requested: Requested,
-    pub mirror: bool,
+    pub exempt: Option<Exempt>,
 }
 
 /// No node.
@@ -63,7 +65,7 @@ const UNBOUND: u32 = u32::MAX;
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     node: u32,
-    mirror: bool,
+    exempt: Option<Exempt>,
     requested: Requested,
 }
 
@@ -90,7 +92,7 @@ impl PodIndex {
         };
         let entry = Entry {
             node,
-            mirror: pod.mirror,
+            exempt: pod.exempt,
             requested: pod.requested,
         };
         let previous = match self.pods.get_mut(key) {
@@ -127,7 +129,7 @@ impl PodIndex {
         self.pods.get(key).map(|entry| Indexed {
             node: self.node_names.get(entry.node as usize).map(|n| &**n),
             requested: entry.requested,
-            mirror: entry.mirror,
+            exempt: entry.exempt,
         })
     }
 
@@ -185,7 +187,7 @@ mod tests {
         Observed {
             node,
             requested,
-            mirror: false,
+            exempt: None,
             phase,
         }
     }
@@ -215,8 +217,8 @@ mod tests {
         index.apply("ns/a", seen(Some("n1"), r(700, 100), active));
         index.apply("ns/pending", seen(Some("n2"), r(1000, 1000), active));
         assert_eq!(
-            index.get("ns/pending").map(|p| (p.node, p.mirror)),
-            Some((Some("n2"), false))
+            index.get("ns/pending").map(|p| (p.node, p.exempt)),
+            Some((Some("n2"), None))
         );
         assert_eq!(index.requested("n1"), (950, 150));
         assert_eq!(index.requested("n2"), (1100, 1010));
@@ -235,17 +237,17 @@ mod tests {
         assert_eq!(index.requested("n2"), (1000, 1000));
         assert_eq!(index.len(), 2);
         assert_eq!(index.get("ns/b"), None);
-        // An empty node name is no node; a mirror pod says so.
+        // An empty node name is no node; an exempt pod says so.
         index.apply(
             "kube-system/etcd-n3",
             Observed {
-                mirror: true,
+                exempt: Some(Exempt::Mirror),
                 ..seen(Some(""), r(100, 0), active)
             },
         );
         assert_eq!(
-            index.get("kube-system/etcd-n3").map(|p| (p.node, p.mirror)),
-            Some((None, true))
+            index.get("kube-system/etcd-n3").map(|p| (p.node, p.exempt)),
+            Some((None, Some(Exempt::Mirror)))
         );
         assert_eq!(Phase::from_status(Some("Running")), Phase::Active);
         assert_eq!(Phase::from_status(None), Phase::Active);

@@ -1,9 +1,18 @@
-//! Bindings this replica allowed that its pod watch has not shown yet, so that a burst of
-//! bindings to one node is counted before the watch catches up. Pure (the time is passed in).
+//! Placements this replica allowed that its pod watch has not shown yet, so that a burst to one
+//! node is counted before the watch catches up. Pure (the time is passed in).
 //!
 //! An entry is dropped when the watch shows the pod bound (`seen_bound`) or after `ttl`
-//! (30 s in the server): a binding the API server then refused (another webhook, a conflict)
-//! stops counting by itself.
+//! (30 s in the server): a placement the API server then refused stops counting by itself.
+//!
+//! Admission does not guarantee that a placement is stored: a pod create can still fail after
+//! the validating webhooks (its name taken: AlreadyExists; its namespace's ResourceQuota full),
+//! and a tenant may send such creates on purpose. So who an entry counts against is its
+//! [`Hold`]: the binding of a pending pod (the scheduler's) counts for every placement on its
+//! node; a pod created with `spec.nodeName`, which a tenant controls from end to end, counts only
+//! against further placements in its own namespace. A tenant's own burst is held exactly; creates
+//! that never persist hold back no one but the tenant who sent them; creates from different
+//! namespaces at the same instant can pass on the same sum, by at most what is in flight during
+//! the watch's lag (as two replicas can).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -13,11 +22,26 @@ use overcommit_core::pod_index::PodIndex;
 /// How long an allowed binding counts without the watch showing it.
 pub const LEDGER_TTL: Duration = Duration::from_secs(30);
 
+/// Whom an allowed placement counts against until the watch shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Every placement on the node (the binding of a pending pod).
+    Everyone,
+    /// Placements of pods in the same namespace only (a pod created with `spec.nodeName`).
+    OwnNamespace,
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     node: String,
     requests: BTreeMap<String, u128>,
+    hold: Hold,
     at: Instant,
+}
+
+/// The namespace of a `namespace/name` key.
+fn namespace_of(key: &str) -> &str {
+    key.split_once('/').map_or("", |(namespace, _)| namespace)
 }
 
 /// Allowed bindings by pod (`namespace/name`).
@@ -35,12 +59,14 @@ impl Ledger {
         }
     }
 
-    /// A binding of `pod` to `node` was allowed at `now` (a repeat replaces the earlier one).
+    /// A placement of `pod` (`namespace/name`) on `node` was allowed at `now`, counting
+    /// against whom `hold` says (a repeat replaces the earlier one).
     pub fn record(
         &mut self,
         pod: &str,
         node: &str,
         requests: &BTreeMap<String, u128>,
+        hold: Hold,
         now: Instant,
     ) {
         self.expire(now);
@@ -49,6 +75,7 @@ impl Ledger {
             Entry {
                 node: node.to_string(),
                 requests: requests.clone(),
+                hold,
                 at: now,
             },
         );
@@ -59,13 +86,16 @@ impl Ledger {
         self.entries.remove(pod);
     }
 
-    /// Requests of the bindings to `node` still counted at `now`, summed per resource, but for
-    /// `except`'s own (a binding retried must not count against itself).
-    pub fn pending(&self, node: &str, except: &str, now: Instant) -> BTreeMap<String, u128> {
+    /// Requests of the placements on `node` still counted at `now` against a placement of `for_pod`
+    /// (`namespace/name`), summed per resource, but for `for_pod`'s own (a placement retried
+    /// must not count against itself).
+    pub fn pending(&self, node: &str, for_pod: &str, now: Instant) -> BTreeMap<String, u128> {
+        let namespace = namespace_of(for_pod);
         let mut sum = BTreeMap::new();
         for (pod, entry) in &self.entries {
             if entry.node == node
-                && pod != except
+                && pod != for_pod
+                && (entry.hold == Hold::Everyone || namespace_of(pod) == namespace)
                 && now.saturating_duration_since(entry.at) < self.ttl
             {
                 for (resource, value) in &entry.requests {

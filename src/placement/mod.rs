@@ -11,10 +11,17 @@
 //!   it is allowed (the scheduler binds it later, through pods/binding).
 //! - The node's policy ([`PolicySet::for_node`] on the node's labels) gives the cap; the
 //!   decision is `overcommit_core::cap::check`: allowed, denied (403 with the message), or
-//!   allowed with the message in `response.warnings`. An allowed placement is reported back to
-//!   the source (`allowed`) so that it counts before the watch shows it.
-//! - Anything unknown (a pod or node not in the caches yet, an unreadable object, a quantity that
-//!   does not parse) is allowed: outcome `FailedOpen` with the reason, as the webhook's
+//!   allowed with the message in `response.warnings` (capMode Warn, or a DaemonSet's or
+//!   critical pod over the cap: outcome `Exempted`). The requester's message names no node
+//!   figures; `Validated::message` (the log) has them.
+//! - An allowed placement that will be stored if nothing after this webhook refuses it is
+//!   reported back to the source (`allowed`, with whom it counts against: `ledger::Hold`) so
+//!   that it counts before the watch shows it. Not reported: dry runs; a binding of a pod that
+//!   is bound already (the API server answers 409); a create whose name the index holds
+//!   (AlreadyExists).
+//! - Anything unknown (the pod index not listed yet, a pod or node not in the caches yet, an
+//!   unreadable object, a quantity that does not parse) is allowed: outcome `FailedOpen` with the
+//!   reason ([`PlacementError::reason`], a metrics label), as the webhook's
 //!   `failurePolicy: Ignore` would do. A body that is not an AdmissionReview: 400.
 //! - [`handle_fetching`] (what the server calls): as `handle`, but a binding whose pod the index
 //!   does not hold yet (created an instant ago, this replica's watch behind) is decided on one
@@ -39,6 +46,7 @@ use serde_json::json;
 use overcommit_core::cap::{self, CapDecision, Placement};
 use overcommit_core::policy::PolicySet;
 
+pub use self::ledger::Hold;
 pub use self::pod::PodFacts;
 
 /// What the cap needs of a node.
@@ -47,6 +55,16 @@ pub struct NodeFacts {
     pub labels: BTreeMap<String, String>,
     /// The kubelet's raw allocatable in the scheduler's units (millicores for cpu).
     pub raw: BTreeMap<String, u128>,
+}
+
+/// A placement allowed, as the source records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Allowed<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub node: &'a str,
+    pub requests: &'a BTreeMap<String, u128>,
+    pub hold: Hold,
 }
 
 /// Where the facts come from: the app's node cache, the shared pod index and the ledger
@@ -59,8 +77,10 @@ pub trait PlacementSource: Send + Sync {
     /// The requests of the pods on `node` (bound, non-terminal), plus the bindings this replica
     /// allowed that the watch has not shown yet, leaving out `namespace/name`'s own.
     fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128>;
-    /// A placement of `namespace/name` on `node` was allowed.
-    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>);
+    /// A placement was allowed: it counts against whom its `hold` says until the watch shows it.
+    fn allowed(&self, placement: &Allowed<'_>);
+    /// Whether the pod index has listed every pod: before that, a node's sums are not known.
+    fn synced(&self) -> bool;
     /// One read of a pod the index does not hold (yet), from the API server: `Ok(None)` when
     /// there is no such pod, `Err` with the reason when the read failed or took too long.
     /// Without an API client: an error.
@@ -93,6 +113,8 @@ pub enum CapOutcome {
     Denied,
     /// Over the cap, `capMode: Warn`.
     Warned,
+    /// Over the cap, a DaemonSet's or a critical pod: allowed with a warning.
+    Exempted,
     FailedOpen,
     BadRequest,
 }
@@ -103,6 +125,7 @@ impl CapOutcome {
             CapOutcome::Allowed => "allowed",
             CapOutcome::Denied => "denied",
             CapOutcome::Warned => "warned",
+            CapOutcome::Exempted => "exempted",
             CapOutcome::FailedOpen => "failed-open",
             CapOutcome::BadRequest => "bad-request",
         }
@@ -115,8 +138,11 @@ pub struct Validated {
     pub status: u16,
     pub body: Vec<u8>,
     pub outcome: CapOutcome,
-    /// The message of a denial or warning, or why the review failed open or was refused.
+    /// For the log: the detail of a denial or warning (with the node's figures, which the
+    /// requester is not shown), or why the review failed open or was refused.
     pub message: Option<String>,
+    /// Why the review failed open (`FailedOpen`), a metrics label.
+    pub failed_open: Option<&'static str>,
     /// The pod a binding names, when the index did not hold it (`FailedOpen`): namespace, name.
     pub missing_pod: Option<(String, String)>,
     /// What a read of that pod gave ([`handle_fetching`]).
@@ -130,6 +156,8 @@ pub enum PlacementError {
     NotAReview(String),
     #[error("binding {0}: no target node")]
     NoTarget(String),
+    #[error("the pod index has not listed every pod yet: no node's sums are known")]
+    NotSynced,
     #[error("pod {namespace}/{name}: not in this replica's pod index yet")]
     UnknownPod { namespace: String, name: String },
     #[error(
@@ -146,6 +174,22 @@ pub enum PlacementError {
     Unreadable { pod: String, reason: String },
     #[error("the placement check panicked")]
     Panicked,
+}
+
+impl PlacementError {
+    /// Why a review failed open, as a metrics label (`placement_failed_open{reason}`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PlacementError::NotAReview(_) => "not_a_review",
+            PlacementError::NoTarget(_) => "no_target",
+            PlacementError::NotSynced => "pods_not_synced",
+            PlacementError::UnknownPod { .. } => "unknown_pod",
+            PlacementError::PodRead { .. } => "pod_read_failed",
+            PlacementError::UnknownNode(_) => "unknown_node",
+            PlacementError::Unreadable { .. } => "unreadable",
+            PlacementError::Panicked => "panicked",
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -234,18 +278,19 @@ pub async fn handle_fetching(
             lookup: Some(PodLookup::NotFound),
             ..first
         },
-        Err(reason) => Validated {
-            lookup: Some(PodLookup::Failed),
-            message: Some(
-                PlacementError::PodRead {
-                    namespace,
-                    name,
-                    reason,
-                }
-                .to_string(),
-            ),
-            ..first
-        },
+        Err(reason) => {
+            let error = PlacementError::PodRead {
+                namespace,
+                name,
+                reason,
+            };
+            Validated {
+                lookup: Some(PodLookup::Failed),
+                failed_open: Some(error.reason()),
+                message: Some(error.to_string()),
+                ..first
+            }
+        }
     }
 }
 
@@ -281,6 +326,9 @@ struct Target<'a> {
     name: &'a str,
     node: &'a str,
     facts: &'a PodFacts,
+    /// Whom the placement counts against once allowed; None: it will not be stored (a binding
+    /// of a bound pod, a create of a name taken), so it is not counted.
+    hold: Option<Hold>,
 }
 
 /// Read a body into a [`Review`]; what cannot be read is answered here (400, or allowed).
@@ -318,6 +366,12 @@ fn settle(
 ) -> Validated {
     let decided = catch_unwind(AssertUnwindSafe(|| {
         let looked_up;
+        if matches!(review.placing, Placing::Nothing) {
+            return Ok(CapDecision::Allow);
+        }
+        if !source.synced() {
+            return Err(PlacementError::NotSynced);
+        }
         let target = match &review.placing {
             Placing::Nothing => return Ok(CapDecision::Allow),
             Placing::Pod {
@@ -330,6 +384,10 @@ fn settle(
                 name,
                 node,
                 facts,
+                hold: source
+                    .pod(namespace, name)
+                    .is_none()
+                    .then_some(Hold::OwnNamespace),
             },
             Placing::Binding {
                 namespace,
@@ -353,6 +411,7 @@ fn settle(
                     name,
                     node,
                     facts,
+                    hold: (!facts.bound).then_some(Hold::Everyone),
                 }
             }
         };
@@ -419,15 +478,19 @@ fn decide(
             raw: &node.raw,
             requested: &requested,
             pod_requests: &target.facts.requests,
-            mirror: target.facts.mirror,
+            exempt: target.facts.exempt,
         });
-        if !dry_run && !matches!(decision, CapDecision::Deny(_)) {
-            source.allowed(
-                target.namespace,
-                target.name,
-                target.node,
-                &target.facts.requests,
-            );
+        if let Some(hold) = target.hold
+            && !dry_run
+            && !matches!(decision, CapDecision::Deny(_))
+        {
+            source.allowed(&Allowed {
+                namespace: target.namespace,
+                name: target.name,
+                node: target.node,
+                requests: &target.facts.requests,
+                hold,
+            });
         }
         decision
     });
@@ -521,17 +584,26 @@ fn answer(uid: &str, decision: CapDecision) -> Validated {
             CapOutcome::Allowed,
             None,
         ),
-        CapDecision::Deny(message) => (
+        CapDecision::Deny(over) => (
             json!({"uid": uid, "allowed": false, "status": {
-                "code": 403, "reason": "Forbidden", "message": message,
+                "code": 403, "reason": "Forbidden", "message": over.public,
             }}),
             CapOutcome::Denied,
-            Some(message),
+            Some(over.detail),
         ),
-        CapDecision::Warn(message) => (
-            json!({"uid": uid, "allowed": true, "warnings": [message]}),
+        CapDecision::Warn(over) => (
+            json!({"uid": uid, "allowed": true, "warnings": [over.public]}),
             CapOutcome::Warned,
-            Some(message),
+            Some(over.detail),
+        ),
+        CapDecision::Exempted(exempt, over) => (
+            json!({"uid": uid, "allowed": true, "warnings": [over.public]}),
+            CapOutcome::Exempted,
+            Some(format!(
+                "{} (allowed: {} pod)",
+                over.detail,
+                exempt.as_str()
+            )),
         ),
     };
     Validated {
@@ -539,6 +611,7 @@ fn answer(uid: &str, decision: CapDecision) -> Validated {
         body: review(response),
         outcome,
         message,
+        failed_open: None,
         missing_pod: None,
         lookup: None,
     }
@@ -563,6 +636,7 @@ fn fail_open(uid: &str, error: PlacementError) -> Validated {
         body: review(json!({"uid": uid, "allowed": true})),
         outcome: CapOutcome::FailedOpen,
         message: Some(error.to_string()),
+        failed_open: Some(error.reason()),
         missing_pod,
         lookup: None,
     }
@@ -579,6 +653,7 @@ fn bad_request(error: PlacementError) -> Validated {
         body: serde_json::to_vec(&status).unwrap_or_default(),
         outcome: CapOutcome::BadRequest,
         message: Some(message),
+        failed_open: None,
         missing_pod: None,
         lookup: None,
     }

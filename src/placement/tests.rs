@@ -18,6 +18,7 @@ struct Fake {
     bound: BTreeMap<String, BTreeMap<String, u128>>,
     ledger: Mutex<Ledger>,
     now: Instant,
+    synced: bool,
 }
 
 impl PlacementSource for Fake {
@@ -36,10 +37,14 @@ impl PlacementSource for Fake {
         }
         sum
     }
-    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
+    fn allowed(&self, p: &Allowed<'_>) {
         if let Ok(mut ledger) = self.ledger.lock() {
-            ledger.record(&format!("{namespace}/{name}"), node, requests, self.now);
+            let pod = format!("{}/{}", p.namespace, p.name);
+            ledger.record(&pod, p.node, p.requests, p.hold, self.now);
         }
+    }
+    fn synced(&self) -> bool {
+        self.synced
     }
 }
 
@@ -63,7 +68,8 @@ fn fake(mode: &str) -> (Fake, PolicySet) {
     };
     let pod = |cpu: u128, mirror: bool| PodFacts {
         requests: units(&[("cpu", cpu)]),
-        mirror,
+        exempt: mirror.then_some(overcommit_core::cap::Exempt::Mirror),
+        bound: false,
     };
     let fake = Fake {
         nodes: [
@@ -81,6 +87,7 @@ fn fake(mode: &str) -> (Fake, PolicySet) {
         bound: [("worker-1".to_string(), units(&[("cpu", 3500)]))].into(),
         ledger: Mutex::new(Ledger::new(LEDGER_TTL)),
         now: Instant::now(),
+        synced: true,
     };
     (fake, policies)
 }
@@ -146,10 +153,11 @@ fn response(validated: &Validated) -> Value {
 
 #[test]
 fn placements_are_answered_as_admission_reviews() {
-    let over = "node worker-1: cpu requests would reach 4.5 of a cap of 4.4 (110% of 4); \
-                pod web-1 asks 1";
-    let direct_over = "node worker-1: cpu requests would reach 4.6 of a cap of 4.4 (110% of 4); \
-                       pod direct asks 1.1";
+    // What the requester is told: no node figures (those are in `message`, for the log).
+    let over = "node worker-1: cpu requests would exceed the node's placement cap; pod web-1 \
+                asks 1";
+    let direct_over = "node worker-1: cpu requests would exceed the node's placement cap; pod \
+                       direct asks 1.1";
     let cases: Vec<(&str, &str, Vec<u8>, CapOutcome, Value)> = vec![
         (
             "a binding within the cap is allowed",
@@ -309,9 +317,15 @@ fn the_ledger_counts_until_seen_or_expired() {
     let t0 = Instant::now();
     let mut ledger = Ledger::new(Duration::from_secs(30));
     let cpu = |v| units(&[("cpu", v)]);
-    ledger.record("ns/a", "n1", &cpu(100), t0);
-    ledger.record("ns/b", "n1", &cpu(200), t0 + Duration::from_secs(10));
-    ledger.record("ns/c", "n2", &cpu(400), t0);
+    ledger.record("ns/a", "n1", &cpu(100), Hold::Everyone, t0);
+    ledger.record(
+        "ns/b",
+        "n1",
+        &cpu(200),
+        Hold::Everyone,
+        t0 + Duration::from_secs(10),
+    );
+    ledger.record("ns/c", "n2", &cpu(400), Hold::Everyone, t0);
     assert_eq!(
         ledger.pending("n1", "", t0 + Duration::from_secs(10)),
         cpu(300)
@@ -330,7 +344,13 @@ fn the_ledger_counts_until_seen_or_expired() {
     ledger.seen_bound("ns/b");
     assert_eq!(ledger.pending("n1", "", t0), cpu(100));
     // Recording again replaces (a pod is bound once), and expires the old entries.
-    ledger.record("ns/a", "n2", &cpu(1), t0 + Duration::from_secs(31));
+    ledger.record(
+        "ns/a",
+        "n2",
+        &cpu(1),
+        Hold::Everyone,
+        t0 + Duration::from_secs(31),
+    );
     assert_eq!(
         ledger.pending("n1", "", t0 + Duration::from_secs(31)),
         cpu_none()
@@ -362,7 +382,7 @@ fn pod_facts_count_as_the_scheduler_counts() {
             json!({}),
             Ok(PodFacts {
                 requests: units(&[("cpu", 760), ("memory", 1 << 30)]),
-                mirror: false,
+                ..PodFacts::default()
             }),
         ),
         (
@@ -372,7 +392,8 @@ fn pod_facts_count_as_the_scheduler_counts() {
             json!({"kubernetes.io/config.mirror": "x"}),
             Ok(PodFacts {
                 requests: units(&[("cpu", 1000)]),
-                mirror: true,
+                exempt: Some(overcommit_core::cap::Exempt::Mirror),
+                bound: false,
             }),
         ),
         (
@@ -435,7 +456,13 @@ fn the_shared_index_and_the_ledger_give_requested_sums_as_pods_come_and_go() {
     assert_eq!(source.pod("ns", "c").map(|p| p.requests), Some(cpu(2000)));
     assert_eq!(source.pod("ns", "e"), None);
     // c is allowed onto n1: counted from the ledger until the watch shows it bound.
-    source.allowed("ns", "c", "n1", &cpu(2000));
+    source.allowed(&Allowed {
+        namespace: "ns",
+        name: "c",
+        node: "n1",
+        requests: &cpu(2000),
+        hold: Hold::Everyone,
+    });
     assert_eq!(requested("x"), cpu(3500));
     assert_eq!(requested("c"), cpu(1500), "its own binding is left out");
     // Still pending in the watch's eyes (a status change): still from the ledger.
@@ -457,8 +484,20 @@ fn the_shared_index_and_the_ledger_give_requested_sums_as_pods_come_and_go() {
     assert!(watch(&k8s_pod("c", Some("n1"), "1x", "Running")).is_err());
     assert_eq!(requested("x"), cpu_none());
     // A relist replaces the pods; the ledger keeps what the list does not show bound.
-    source.allowed("ns", "y", "n1", &cpu(100));
-    source.allowed("ns", "z", "n1", &cpu(7000));
+    source.allowed(&Allowed {
+        namespace: "ns",
+        name: "y",
+        node: "n1",
+        requests: &cpu(100),
+        hold: Hold::Everyone,
+    });
+    source.allowed(&Allowed {
+        namespace: "ns",
+        name: "z",
+        node: "n1",
+        requests: &cpu(7000),
+        hold: Hold::Everyone,
+    });
     let mut index = overcommit_core::pod_index::PodIndex::default();
     assert!(index_pod(&mut index, &k8s_pod("z", Some("n1"), "7", "Running")).is_ok());
     assert!(index_pod(&mut index, &k8s_pod("y", None, "100m", "Pending")).is_ok());
@@ -522,7 +561,7 @@ fn add_pods(fake: &mut Fake, names: &[&str], cpu: u128) {
             name.to_string(),
             PodFacts {
                 requests: units(&[("cpu", cpu)]),
-                mirror: false,
+                ..PodFacts::default()
             },
         );
     }
@@ -552,8 +591,11 @@ impl PlacementSource for Rendezvous<'_> {
         }
         sum
     }
-    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
-        self.inner.allowed(namespace, name, node, requests);
+    fn allowed(&self, placement: &Allowed<'_>) {
+        self.inner.allowed(placement);
+    }
+    fn synced(&self) -> bool {
+        self.inner.synced()
     }
 }
 
@@ -651,8 +693,11 @@ impl PlacementSource for HoldsWorker1<'_> {
         }
         self.inner.requested(node, namespace, name)
     }
-    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
-        self.inner.allowed(namespace, name, node, requests);
+    fn allowed(&self, placement: &Allowed<'_>) {
+        self.inner.allowed(placement);
+    }
+    fn synced(&self) -> bool {
+        self.inner.synced()
     }
 }
 
@@ -714,8 +759,11 @@ impl PlacementSource for Remote<'_> {
     fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
         self.inner.requested(node, namespace, name)
     }
-    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
-        self.inner.allowed(namespace, name, node, requests);
+    fn allowed(&self, placement: &Allowed<'_>) {
+        self.inner.allowed(placement);
+    }
+    fn synced(&self) -> bool {
+        self.inner.synced()
     }
     fn fetch_pod<'a>(
         &'a self,
@@ -742,7 +790,7 @@ fn a_pod_missing_from_the_index_is_read_once() {
     let (fake, policies) = fake("Enforce");
     let pod = |cpu: u128| PodFacts {
         requests: units(&[("cpu", cpu)]),
-        mirror: false,
+        ..PodFacts::default()
     };
     let source = Remote {
         inner: &fake,
@@ -823,4 +871,206 @@ fn a_pod_missing_from_the_index_is_read_once() {
              no answer within 500ms"
         )
     );
+}
+
+/// Issue 32's attacks on the ledger, by a tenant with `create pods` only: pod creates that pass
+/// admission but are never stored. A create reusing a stored pod's name (AlreadyExists after
+/// admission) is not counted at all; a create with a new name that a full ResourceQuota then
+/// refuses holds back only its own namespace's placements until the TTL, never another
+/// tenant's, nor the scheduler's bindings.
+#[test]
+fn creates_that_never_persist_hold_no_one_elses_capacity() {
+    let (source, policies) = fake("Enforce");
+    // worker-1 holds 3.5 of a cap of 4.4.
+    let create = |namespace: &str, name: &str, cpu: &str| -> Vec<u8> {
+        let mut review: Value =
+            serde_json::from_slice(&pod_create(Some("worker-1"), cpu, false)).unwrap_or_default();
+        review["request"]["namespace"] = json!(namespace);
+        review["request"]["object"]["metadata"]["namespace"] = json!(namespace);
+        review["request"]["object"]["metadata"]["name"] = json!(name);
+        review.to_string().into_bytes()
+    };
+    // The name of a stored pod (web-2): allowed by the cap (0.1 + 0.1 sidecar), not counted.
+    for _ in 0..5 {
+        let taken = handle(&create("default", "web-2", "800m"), &policies, &source);
+        assert_eq!(taken.outcome, CapOutcome::Allowed, "{:?}", taken.message);
+    }
+    assert_eq!(
+        source.ledger.lock().map(|l| l.len()).unwrap_or(usize::MAX),
+        0,
+        "a create of a name the index holds fails AlreadyExists: never counted"
+    );
+    // New names in tenant-a (a full quota refuses them after admission): the first fits and
+    // is counted, for tenant-a only.
+    let first = handle(&create("tenant-a", "jam-1", "700m"), &policies, &source);
+    assert_eq!(first.outcome, CapOutcome::Allowed, "{:?}", first.message);
+    let second = handle(&create("tenant-a", "jam-2", "700m"), &policies, &source);
+    assert_eq!(
+        second.outcome,
+        CapOutcome::Denied,
+        "tenant-a's own burst is held exactly"
+    );
+    // Another tenant's create and the scheduler's binding of a pending pod still fit.
+    let other = handle(&create("tenant-b", "legit", "700m"), &policies, &source);
+    assert_eq!(other.outcome, CapOutcome::Allowed, "{:?}", other.message);
+    let bound = handle(&binding("web-3", "worker-1"), &policies, &source);
+    assert_eq!(bound.outcome, CapOutcome::Allowed, "{:?}", bound.message);
+}
+
+/// A binding of a pod the index shows bound already fails (409) after admission: it is
+/// answered but not counted, so repeating it holds nothing.
+#[test]
+fn a_binding_of_a_bound_pod_is_not_counted() {
+    let (mut source, policies) = fake("Enforce");
+    source.pods.insert(
+        "default/running".to_string(),
+        PodFacts {
+            requests: units(&[("cpu", 800)]),
+            exempt: None,
+            bound: true,
+        },
+    );
+    for _ in 0..3 {
+        let again = handle(&binding("running", "worker-1"), &policies, &source);
+        assert_eq!(again.outcome, CapOutcome::Allowed, "{:?}", again.message);
+    }
+    assert_eq!(
+        source.ledger.lock().map(|l| l.len()).unwrap_or(usize::MAX),
+        0
+    );
+    // A pending pod's binding is counted for everyone.
+    let pending = handle(&binding("web-3", "worker-1"), &policies, &source);
+    assert_eq!(pending.outcome, CapOutcome::Allowed);
+    assert_eq!(
+        source.ledger.lock().map(|l| l.len()).unwrap_or(usize::MAX),
+        1
+    );
+}
+
+/// DaemonSet and critical pods are never refused: over the cap they are allowed with the
+/// public warning (outcome `exempted`, the detail in the log) and counted like any other.
+#[test]
+fn daemonset_and_critical_pods_are_allowed_over_the_cap_and_counted() {
+    use overcommit_core::cap::Exempt;
+    let (mut source, policies) = fake("Enforce");
+    for (name, exempt) in [("agent", Exempt::DaemonSet), ("dns", Exempt::Critical)] {
+        source.pods.insert(
+            format!("default/{name}"),
+            PodFacts {
+                requests: units(&[("cpu", 1000)]),
+                exempt: Some(exempt),
+                bound: false,
+            },
+        );
+    }
+    let agent = handle(&binding("agent", "worker-1"), &policies, &source);
+    assert_eq!(agent.outcome, CapOutcome::Exempted, "{:?}", agent.message);
+    assert_eq!(
+        response(&agent),
+        json!({"uid": "u-1", "allowed": true, "warnings": [
+            "node worker-1: cpu requests would exceed the node's placement cap; pod agent asks \
+             1; allowed: a DaemonSet's pod is never refused by the cap"]})
+    );
+    assert_eq!(
+        agent.message.as_deref(),
+        Some(
+            "node worker-1: cpu requests would reach 4.5 of a cap of 4.4 (110% of 4); pod agent \
+             asks 1 (allowed: daemonset pod)"
+        )
+    );
+    // agent's 1 counts: 3.5 + 1 + 1.
+    let dns = handle(&binding("dns", "worker-1"), &policies, &source);
+    assert_eq!(dns.outcome, CapOutcome::Exempted);
+    assert!(
+        dns.message
+            .as_deref()
+            .is_some_and(|m| m.contains("would reach 5.5 of a cap of 4.4")),
+        "{:?}",
+        dns.message
+    );
+    let plain = handle(&binding("web-3", "worker-1"), &policies, &source);
+    assert_eq!(plain.outcome, CapOutcome::Denied);
+}
+
+/// Until the pod index has listed every pod, no node's sums are known: a placement is allowed
+/// undecided (fail open) with the reason, never decided as if the node were empty or counted.
+#[test]
+fn placements_fail_open_until_the_pod_index_has_synced() {
+    let (mut source, policies) = fake("Enforce");
+    source.synced = false;
+    let review = handle(&binding("web-1", "worker-1"), &policies, &source);
+    assert_eq!(review.outcome, CapOutcome::FailedOpen);
+    assert_eq!(review.failed_open, Some("pods_not_synced"));
+    assert_eq!(response(&review), json!({"uid": "u-1", "allowed": true}));
+    assert_eq!(
+        source.ledger.lock().map(|l| l.len()).unwrap_or(usize::MAX),
+        0
+    );
+    // A review that places nothing is not a failure.
+    let nothing = handle(&pod_create(None, "64", false), &policies, &source);
+    assert_eq!(nothing.outcome, CapOutcome::Allowed);
+    source.synced = true;
+    assert_eq!(
+        handle(&binding("web-1", "worker-1"), &policies, &source).outcome,
+        CapOutcome::Denied
+    );
+}
+
+#[test]
+fn daemonset_ownership_and_priority_are_read_from_the_pod() {
+    use overcommit_core::cap::Exempt;
+    let pod = |metadata: Value, spec: Value| -> Pod {
+        serde_json::from_value(json!({"metadata": metadata, "spec": spec}))
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let owner = |kind: &str, api: &str, controller: bool| {
+        json!({"name": "p", "ownerReferences": [{"apiVersion": api, "kind": kind, "name": "o",
+            "uid": "1", "controller": controller}]})
+    };
+    let containers = json!({"containers": [{"name": "a"}]});
+    let cases = [
+        ("plain", pod(json!({"name": "p"}), containers.clone()), None),
+        (
+            "DaemonSet controller",
+            pod(owner("DaemonSet", "apps/v1", true), containers.clone()),
+            Some(Exempt::DaemonSet),
+        ),
+        (
+            "DaemonSet owner that is not the controller",
+            pod(owner("DaemonSet", "apps/v1", false), containers.clone()),
+            None,
+        ),
+        (
+            "a DaemonSet kind of another group",
+            pod(
+                owner("DaemonSet", "example.com/v1", true),
+                containers.clone(),
+            ),
+            None,
+        ),
+        (
+            "ReplicaSet controller",
+            pod(owner("ReplicaSet", "apps/v1", true), containers.clone()),
+            None,
+        ),
+        (
+            "system-cluster-critical",
+            pod(
+                json!({"name": "p"}),
+                json!({"containers": [{"name": "a"}], "priority": 2_000_000_000}),
+            ),
+            Some(Exempt::Critical),
+        ),
+        (
+            "the highest user priority",
+            pod(
+                json!({"name": "p"}),
+                json!({"containers": [{"name": "a"}], "priority": 1_000_000_000}),
+            ),
+            None,
+        ),
+    ];
+    for (name, pod, expect) in cases {
+        assert_eq!(pod::exempt(&pod), expect, "{name}");
+    }
 }

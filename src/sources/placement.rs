@@ -24,7 +24,7 @@ use kube::runtime::watcher::{self, Event};
 use super::pod_cache::PodCache;
 use crate::placement::ledger::{LEDGER_TTL, Ledger, requested_on};
 use crate::placement::node::node_facts;
-use crate::placement::{NodeFacts, PlacementSource, PodFacts};
+use crate::placement::{Allowed, NodeFacts, PlacementSource, PodFacts};
 use crate::shutdown::Signal;
 
 /// How long /validate waits for a pod its index does not hold yet (one GET), within the
@@ -130,16 +130,25 @@ impl PlacementSource for WatchedPlacement {
         self.pods
             .read()
             .get(&key(namespace, name))
-            .map(|p| PodFacts::lean(p.requested, p.mirror))
+            .map(|p| PodFacts::lean(p.requested, p.exempt, p.node.is_some()))
     }
     fn requested(&self, node: &str, namespace: &str, name: &str) -> BTreeMap<String, u128> {
         let ledger = self.ledger();
         let index = self.pods.read();
         requested_on(&index, &ledger, node, &key(namespace, name), Instant::now())
     }
-    fn allowed(&self, namespace: &str, name: &str, node: &str, requests: &BTreeMap<String, u128>) {
-        self.ledger()
-            .record(&key(namespace, name), node, requests, Instant::now());
+    fn allowed(&self, placement: &Allowed<'_>) {
+        let pod = key(placement.namespace, placement.name);
+        self.ledger().record(
+            &pod,
+            placement.node,
+            placement.requests,
+            placement.hold,
+            Instant::now(),
+        );
+    }
+    fn synced(&self) -> bool {
+        self.pods.synced()
     }
     fn fetch_pod<'a>(
         &'a self,

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use k8s_openapi::api::core::v1::Pod;
-use overcommit_core::cap::MIRROR_ANNOTATION;
 use overcommit_core::pod_index::{Observed, Phase, PodIndex, Requested};
 use overcommit_core::quantity::QuantityError;
 
@@ -109,7 +108,7 @@ pub fn key(pod: &Pod) -> String {
 }
 
 /// What the index keeps of a pod: its cpu and memory requests as the scheduler counts them,
-/// node, phase and whether it is a mirror pod.
+/// node, phase and whether the cap exempts it.
 pub fn lean(pod: &Pod) -> Result<Observed<'_>, QuantityError> {
     let requests = crate::pods::scheduler_requests(pod)?;
     let units = |resource: &str| {
@@ -123,11 +122,7 @@ pub fn lean(pod: &Pod) -> Result<Observed<'_>, QuantityError> {
             cpu_millis: units("cpu"),
             memory_bytes: units("memory"),
         },
-        mirror: pod
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)),
+        exempt: crate::placement::pod::exempt(pod),
         phase: Phase::from_status(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
     })
 }

@@ -19,14 +19,33 @@ fn cap(percent: &[(&str, u32)], mode: CapMode) -> CompiledCap {
     }
 }
 
+#[derive(Debug, PartialEq, Eq)]
+enum Want {
+    Allow,
+    Deny(String),
+    Warn(String),
+    Exempted(Exempt, String),
+}
+
+/// The decision's kind and its detail.
+fn want(decision: &CapDecision) -> Want {
+    match decision {
+        CapDecision::Allow => Want::Allow,
+        CapDecision::Deny(over) => Want::Deny(over.detail.clone()),
+        CapDecision::Warn(over) => Want::Warn(over.detail.clone()),
+        CapDecision::Exempted(exempt, over) => Want::Exempted(*exempt, over.detail.clone()),
+    }
+}
+
 struct Case {
     name: &'static str,
     cap: Option<CompiledCap>,
     raw: &'static [(&'static str, u128)],
     requested: &'static [(&'static str, u128)],
     pod: &'static [(&'static str, u128)],
-    mirror: bool,
-    expect: CapDecision,
+    exempt: Option<Exempt>,
+    /// The decision's kind and its detail (the log's text).
+    expect: Want,
 }
 
 #[test]
@@ -41,8 +60,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 64_000)],
             requested: &[("cpu", 70_100)],
             pod: &[("cpu", 500)],
-            mirror: false,
-            expect: CapDecision::Deny(worker7.into()),
+            exempt: None,
+            expect: Want::Deny(worker7.into()),
         },
         Case {
             name: "Warn mode allows with the same text",
@@ -50,8 +69,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 64_000)],
             requested: &[("cpu", 70_100)],
             pod: &[("cpu", 500)],
-            mirror: false,
-            expect: CapDecision::Warn(worker7.into()),
+            exempt: None,
+            expect: Want::Warn(worker7.into()),
         },
         Case {
             name: "reaching the cap exactly is allowed",
@@ -59,8 +78,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000)],
             requested: &[("cpu", 3900)],
             pod: &[("cpu", 500)],
-            mirror: false,
-            expect: CapDecision::Allow,
+            exempt: None,
+            expect: Want::Allow,
         },
         Case {
             name: "one millicore over the cap is denied",
@@ -68,8 +87,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000)],
             requested: &[("cpu", 3901)],
             pod: &[("cpu", 500)],
-            mirror: false,
-            expect: CapDecision::Deny(
+            exempt: None,
+            expect: Want::Deny(
                 "node worker-7: cpu requests would reach 4.401 of a cap of 4.4 (110% of 4); \
                  pod web-5 asks 0.5"
                     .into(),
@@ -81,8 +100,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000)],
             requested: &[],
             pod: &[("cpu", 5000)],
-            mirror: false,
-            expect: CapDecision::Deny(
+            exempt: None,
+            expect: Want::Deny(
                 "node worker-7: cpu requests would reach 5 of a cap of 4.4 (110% of 4); \
                  pod web-5 asks 5"
                     .into(),
@@ -94,8 +113,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 3)],
             requested: &[("cpu", 4)],
             pod: &[("cpu", 1)],
-            mirror: false,
-            expect: CapDecision::Deny(
+            exempt: None,
+            expect: Want::Deny(
                 "node worker-7: cpu requests would reach 0.005 of a cap of 0.004 (150% of 0.003); \
                  pod web-5 asks 0.001"
                     .into(),
@@ -107,8 +126,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 2000), ("memory", 8 * GI)],
             requested: &[("cpu", 2000), ("memory", 8 * GI - 256 * MI)],
             pod: &[("cpu", 250), ("memory", 512 * MI)],
-            mirror: false,
-            expect: CapDecision::Deny(
+            exempt: None,
+            expect: Want::Deny(
                 "node worker-7: cpu requests would reach 2.25 of a cap of 2 (100% of 2); \
                  pod web-5 asks 0.25; node worker-7: memory requests would reach 8.25Gi of a \
                  cap of 8Gi (100% of 8Gi); pod web-5 asks 512Mi"
@@ -121,8 +140,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("memory", 2 * GI)],
             requested: &[("memory", 2 * GI)],
             pod: &[("memory", 1)],
-            mirror: false,
-            expect: CapDecision::Deny(
+            exempt: None,
+            expect: Want::Deny(
                 "node worker-7: memory requests would reach 2.001Gi of a cap of 2Gi (100% of \
                  2Gi); pod web-5 asks 1"
                     .into(),
@@ -134,8 +153,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000), ("memory", 4 * GI)],
             requested: &[("cpu", 1000), ("memory", 4 * GI)],
             pod: &[("cpu", 100), ("memory", 1536 * MI / 1024)],
-            mirror: false,
-            expect: CapDecision::Deny(
+            exempt: None,
+            expect: Want::Deny(
                 "node worker-7: memory requests would reach 4.002Gi of a cap of 4Gi (100% of \
                  4Gi); pod web-5 asks 1.5Mi"
                     .into(),
@@ -147,8 +166,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000), ("memory", GI)],
             requested: &[("cpu", 9000)],
             pod: &[("memory", GI)],
-            mirror: false,
-            expect: CapDecision::Allow,
+            exempt: None,
+            expect: Want::Allow,
         },
         Case {
             name: "a request of zero is not checked",
@@ -156,8 +175,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000)],
             requested: &[("cpu", 9000)],
             pod: &[("cpu", 0)],
-            mirror: false,
-            expect: CapDecision::Allow,
+            exempt: None,
+            expect: Want::Allow,
         },
         Case {
             name: "a mirror pod is allowed",
@@ -165,8 +184,35 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000)],
             requested: &[("cpu", 9000)],
             pod: &[("cpu", 500)],
-            mirror: true,
-            expect: CapDecision::Allow,
+            exempt: Some(Exempt::Mirror),
+            expect: Want::Allow,
+        },
+        Case {
+            name: "a DaemonSet's pod over the cap is allowed, with the cap's text",
+            cap: cpu110(),
+            raw: &[("cpu", 64_000)],
+            requested: &[("cpu", 70_100)],
+            pod: &[("cpu", 500)],
+            exempt: Some(Exempt::DaemonSet),
+            expect: Want::Exempted(Exempt::DaemonSet, worker7.into()),
+        },
+        Case {
+            name: "a critical pod over the cap is allowed, also in Warn mode",
+            cap: Some(cap(&[("cpu", 110)], CapMode::Warn)),
+            raw: &[("cpu", 64_000)],
+            requested: &[("cpu", 70_100)],
+            pod: &[("cpu", 500)],
+            exempt: Some(Exempt::Critical),
+            expect: Want::Exempted(Exempt::Critical, worker7.into()),
+        },
+        Case {
+            name: "a DaemonSet's pod under the cap is plainly allowed",
+            cap: cpu110(),
+            raw: &[("cpu", 4000)],
+            requested: &[("cpu", 1000)],
+            pod: &[("cpu", 500)],
+            exempt: Some(Exempt::DaemonSet),
+            expect: Want::Allow,
         },
         Case {
             name: "no cap (no policy, opted out, or no requestCap) allows",
@@ -174,8 +220,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000)],
             requested: &[("cpu", 9000)],
             pod: &[("cpu", 500)],
-            mirror: false,
-            expect: CapDecision::Allow,
+            exempt: None,
+            expect: Want::Allow,
         },
         Case {
             name: "a resource without raw allocatable is not checked",
@@ -183,8 +229,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000)],
             requested: &[("memory", 9 * GI)],
             pod: &[("memory", GI)],
-            mirror: false,
-            expect: CapDecision::Allow,
+            exempt: None,
+            expect: Want::Allow,
         },
         Case {
             name: "sums too large saturate and are over the cap",
@@ -192,8 +238,8 @@ fn placements_are_decided_by_the_cap() {
             raw: &[("cpu", 4000)],
             requested: &[("cpu", u128::MAX)],
             pod: &[("cpu", 1)],
-            mirror: false,
-            expect: CapDecision::Deny(format!(
+            exempt: None,
+            expect: Want::Deny(format!(
                 "node worker-7: cpu requests would reach {}.455 of a cap of 4.4 (110% of 4); pod \
                  web-5 asks 0.001",
                 u128::MAX / 1000
@@ -209,9 +255,100 @@ fn placements_are_decided_by_the_cap() {
             raw: &raw,
             requested: &requested,
             pod_requests: &pod,
-            mirror: case.mirror,
+            exempt: case.exempt,
         };
-        assert_eq!(check(&placement), case.expect, "{}", case.name);
+        assert_eq!(want(&check(&placement)), case.expect, "{}", case.name);
+    }
+}
+
+/// The requester (any tenant, dry runs included) is told its own pod's figures, never the node's
+/// sum, cap or raw value; the log's detail keeps them.
+#[test]
+fn the_requester_sees_no_node_figures() {
+    let (raw, requested) = (
+        units(&[("cpu", 64_000), ("memory", 8 * GI)]),
+        units(&[("cpu", 70_100), ("memory", 8 * GI - 256 * MI)]),
+    );
+    let pod = units(&[("cpu", 500), ("memory", 512 * MI)]);
+    let both = cap(&[("cpu", 110), ("memory", 100)], CapMode::Enforce);
+    let placement = |exempt| Placement {
+        node: "worker-7",
+        pod: "web-5",
+        cap: Some(&both),
+        raw: &raw,
+        requested: &requested,
+        pod_requests: &pod,
+        exempt,
+    };
+    let cases: &[(Option<Exempt>, &str)] = &[
+        (
+            None,
+            "node worker-7: cpu requests would exceed the node's placement cap; pod web-5 asks \
+             0.5; node worker-7: memory requests would exceed the node's placement cap; pod \
+             web-5 asks 512Mi",
+        ),
+        (
+            Some(Exempt::DaemonSet),
+            "node worker-7: cpu requests would exceed the node's placement cap; pod web-5 asks \
+             0.5; node worker-7: memory requests would exceed the node's placement cap; pod \
+             web-5 asks 512Mi; allowed: a DaemonSet's pod is never refused by the cap",
+        ),
+        (
+            Some(Exempt::Critical),
+            "node worker-7: cpu requests would exceed the node's placement cap; pod web-5 asks \
+             0.5; node worker-7: memory requests would exceed the node's placement cap; pod \
+             web-5 asks 512Mi; allowed: a critical pod is never refused by the cap",
+        ),
+    ];
+    for &(exempt, public) in cases {
+        let over = match check(&placement(exempt)) {
+            CapDecision::Deny(over) | CapDecision::Warn(over) | CapDecision::Exempted(_, over) => {
+                over
+            }
+            CapDecision::Allow => panic!("{exempt:?}: allowed without a word"),
+        };
+        assert_eq!(over.public, public, "{exempt:?}");
+        for figure in ["70.6", "70.4", "64", "8Gi", "8.25Gi", "110%"] {
+            assert!(!over.public.contains(figure), "{figure} in {}", over.public);
+            assert!(
+                over.detail.contains(figure),
+                "{figure} not in {}",
+                over.detail
+            );
+        }
+    }
+}
+
+#[test]
+fn exemptions_come_from_what_the_pod_carries() {
+    let cases: &[(bool, bool, Option<i32>, Option<Exempt>)] = &[
+        (false, false, None, None),
+        (false, false, Some(0), None),
+        (false, false, Some(1_000_000_000), None),
+        (false, false, Some(CRITICAL_PRIORITY - 1), None),
+        (
+            false,
+            false,
+            Some(CRITICAL_PRIORITY),
+            Some(Exempt::Critical),
+        ),
+        (false, false, Some(2_000_001_000), Some(Exempt::Critical)),
+        (false, true, None, Some(Exempt::DaemonSet)),
+        (
+            false,
+            true,
+            Some(CRITICAL_PRIORITY),
+            Some(Exempt::DaemonSet),
+        ),
+        (true, true, Some(CRITICAL_PRIORITY), Some(Exempt::Mirror)),
+        (true, false, None, Some(Exempt::Mirror)),
+    ];
+    for &(mirror, daemonset, priority, expect) in cases {
+        assert_eq!(
+            Exempt::of(mirror, daemonset, priority),
+            expect,
+            "{mirror} {daemonset} {priority:?}"
+        );
     }
 }
 

@@ -399,7 +399,7 @@ func TestRequestCapWebhookConfiguration(t *testing.T) {
 func waitCapCalled(t *testing.T, ctx context.Context, podNS, name, node string) {
 	t.Helper()
 	pods := shared.Client.CoreV1().Pods(podNS)
-	refusal := "node " + node + ": cpu requests would reach 5 of a cap of 4.4 (110% of 4); pod " + name + " asks 5"
+	refusal := "node " + node + ": cpu requests would exceed the node's placement cap; pod " + name + " asks 5"
 	if err := harness.Eventually(60*time.Second, 100*time.Millisecond, func() error {
 		_, err := pods.Create(ctx, placedPod(name, node, "5"), metav1.CreateOptions{})
 		if err == nil {
@@ -511,7 +511,7 @@ func bindBurst(t *testing.T, ctx context.Context, in *replicaSet, podNS, prefix,
 			if err != nil {
 				return err
 			}
-			if allowed || !strings.Contains(msg, "cpu requests would reach") {
+			if allowed || !strings.Contains(msg, "cpu requests would exceed") {
 				return fmt.Errorf("replica %s: allowed %v %q", r.Identity(), allowed, msg)
 			}
 		}
@@ -538,8 +538,7 @@ func bindBurst(t *testing.T, ctx context.Context, in *replicaSet, podNS, prefix,
 			switch {
 			case err == nil:
 				res.bound++
-			case strings.Contains(err.Error(), "node "+node+": cpu requests would reach") &&
-				strings.Contains(err.Error(), "of a cap of 4.4 (110% of 4); pod "+name+" asks"):
+			case strings.Contains(err.Error(), "node "+node+": cpu requests would exceed the node's placement cap; pod "+name+" asks"):
 				res.refused++
 			default:
 				others = append(others, err.Error())
@@ -704,8 +703,7 @@ func TestRequestCapGenerateName(t *testing.T) {
 				return
 			}
 			m := generated.FindStringSubmatch(err.Error())
-			if m == nil || !strings.Contains(err.Error(), "node "+node+": cpu requests would reach") ||
-				!strings.Contains(err.Error(), "of a cap of 4.4 (110% of 4)") {
+			if m == nil || !strings.Contains(err.Error(), "node "+node+": cpu requests would exceed the node's placement cap") {
 				others = append(others, err.Error())
 				return
 			}
@@ -822,7 +820,7 @@ func TestRequestCapRefusesTheScheduler(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	capMessage := "node " + node + ": cpu requests would reach 5 of a cap of 4.4 (110% of 4)"
+	capMessage := "node " + node + ": cpu requests would exceed the node's placement cap; pod"
 	var last string
 	if err := harness.Eventually(90*time.Second, 250*time.Millisecond, func() error {
 		list, err := pods.List(ctx, metav1.ListOptions{})
