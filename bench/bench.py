@@ -215,7 +215,7 @@ def check_equivalence(servers: list[Server], files: dict[str, Path], tls: Path) 
                 continue
             patched = equivalence.patched_object(review, json.loads(answer))
             essences[s.name] = equivalence.essence(patched)
-            # Feed the result back: the webhook must change nothing (design.md rule 2).
+            # Feed the result back: the webhook must change nothing (docs/architecture.md rule 3.2).
             again = json.loads(body)
             again["request"]["object"] = patched
             status2, answer2 = post(conn, s.url_path(payload), json.dumps(again).encode())

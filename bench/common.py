@@ -316,7 +316,7 @@ def apiserver_markdown(r: dict) -> list[str]:
                   "With it, every kubelet writes its status at every status update instead of every 5 min (the stored allocatable "
                   "always differs from the kubelet's own), so Node writes reaching etcd go from "
                   f"{off_5min:.2f} (5 min reports) to {on_rate:.2f} per node per minute{at_kubelet} "
-                  "(design.md section 1: this is the cost of the overcommit itself, the same for any webhook doing it)."]
+                  "(docs/architecture.md §1: this is the cost of the overcommit itself, the same for any webhook doing it)."]
     inproc_quiet = r.get(INPROCESS_QUIET_PHASE)
     if off and inproc_quiet:
         off_rate = off["writes"]["per_node_per_minute"]

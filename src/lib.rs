@@ -1,5 +1,5 @@
 //! kube-overcommit: a mutating admission webhook that makes chosen nodes look larger
-//! to the scheduler. See design.md for the architecture; module map:
+//! to the scheduler. See docs/architecture.md for the architecture; module map:
 //!
 //! - the rules, pure: the workspace crate `overcommit_core` (policies, quantities, the node and
 //!   pod rules, JSON Patch), with no async runtime, Kubernetes client or TLS in its dependencies;

@@ -34,7 +34,7 @@ fn fixtures_are_up_to_date() {
 
 #[test]
 fn fixtures_have_real_sizes() {
-    // design.md 6.1: a real node status review carries 50 images, managedFields and
+    // docs/architecture.md §11: a real node status review carries 50 images, managedFields and
     // conditions in both object and oldObject.
     let sizes: Vec<(&str, usize)> = generate::all().iter().map(|(n, c)| (*n, c.len())).collect();
     let size = |name: &str| {

@@ -1,5 +1,5 @@
 //! AdmissionReview in, response out: dispatch to the node and pod rules, and the
-//! fail-open wrapper (design.md 3.1). Pure: no I/O.
+//! fail-open wrapper (docs/architecture.md rule 3.1). Pure: no I/O.
 //!
 //! INTERFACE CONTRACT (the webhook handler calls exactly this):
 //! `handle(body, &policies, &settings) -> Handled`, never panicking: it is the one panic guard
@@ -412,7 +412,8 @@ impl Decision {
 }
 
 /// Handle one request body. Never panics on any input: the one panic guard of the review path
-/// (design.md 3.1: a bug must not block heartbeats) answers a panic allowed, no patch.
+/// (docs/architecture.md rule 3.1: a bug must not block heartbeats) answers a panic allowed,
+/// no patch.
 pub fn handle(body: &[u8], policies: &PolicySet, settings: &Settings) -> Handled {
     catch_unwind(AssertUnwindSafe(|| {
         respond(

@@ -282,8 +282,9 @@ impl Controller {
     /// same trusted CAs (so a rotation publishes a new CA in both, and drops the old one from
     /// both, in that order). Returns the live bundle the rotation may rely on: with the cap on,
     /// the CAs in both caBundles, so that the next CA is only used once both trust it
-    /// (design.md 3.3). A failure here is logged and retried at the next tick without holding
-    /// up the rest of the loop (leaf renewals go on; only a CA switch waits for it).
+    /// (docs/architecture.md rule 3.3). A failure here is logged and retried at the next tick
+    /// without holding up the rest of the loop (leaf renewals go on; only a CA switch waits for
+    /// it).
     async fn upkeep_validating(
         &self,
         ca: &CaMaterial,

@@ -1,5 +1,5 @@
 //! Leader only: the Lease, the certificate authority, rotation and the upkeep of the
-//! MutatingWebhookConfiguration (issue 4; design.md sections 3 to 5). Every replica also keeps
+//! MutatingWebhookConfiguration (issue 4; docs/architecture.md §5, §6). Every replica also keeps
 //! a small report Lease and its readiness gate here.
 //!
 //! - `election`: the claim, renewed every `--lease-renew`; `lease_lock`: the Lease itself,

@@ -2,7 +2,7 @@
 //! server, the replicas' reports and the clock. Pure; the I/O loop (`controller`) executes one
 //! action, reads the state back and asks again until the answer is `Wait`.
 //!
-//! CA rotation follows design.md section 4:
+//! CA rotation follows docs/architecture.md §6:
 //! - `Published { since }`: the next CA is in the CA Secret beside the current one, and both
 //!   are in the caBundle and in the serving Secret's `ca.crt`. Leaves still come from the
 //!   current CA.

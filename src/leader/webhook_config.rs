@@ -5,10 +5,10 @@
 //! Two webhooks in one configuration:
 //! - `nodes.overcommit.dev`: UPDATE nodes/status and CREATE nodes. No object selector: the node
 //!   rule itself honours `overcommit.dev/disabled=true`, so that opting out restores the raw
-//!   allocatable and removes the annotations at the next status write (design.md 3.7). A match
-//!   condition sends it only registrations (CREATE) and status writes by nodes (the group
-//!   `system:nodes`): the API server does not call the webhook for other status writers
-//!   (node-problem-detector, controllers, users), whose writes keep the stored allocatable.
+//!   allocatable and removes the annotations at the next status write (docs/architecture.md
+//!   rule 3.7). A match condition sends it only registrations (CREATE) and status writes by
+//!   nodes (the group `system:nodes`): the API server does not call the webhook for other status
+//!   writers (node-problem-detector, controllers, users), whose writes keep the stored allocatable.
 //! - `pods.overcommit.dev`: CREATE pods in namespaces labelled
 //!   `overcommit.dev/pod-defaults=enabled`, never in kube-system or the webhook's own namespace
 //!   (namespaceSelector on that label and `kubernetes.io/metadata.name`), opt-out by the pod label
@@ -29,10 +29,10 @@
 //!   set (a match condition): an ordinary pod create, left to the scheduler, never reaches the
 //!   webhook; nor do mirror pods (the kubelet's copies of static pods that already run).
 //!
-//! Neither sees kube-system or the webhook's own namespace (namespaceSelector, design.md 3.1):
-//! their pods are never refused by the cap (their requests still count in a node's sum: the pod
-//! index watches every pod). Both fail open (`Ignore`) with the same timeout: an outage of the
-//! webhook never blocks a binding, it only lets it through uncapped.
+//! Neither sees kube-system or the webhook's own namespace (namespaceSelector,
+//! docs/architecture.md rule 3.1): their pods are never refused by the cap (their requests still
+//! count in a node's sum: the pod index watches every pod). Both fail open (`Ignore`) with the
+//! same timeout: an outage of the webhook never blocks a binding, it only lets it through uncapped.
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -184,7 +184,7 @@ pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfigur
     }
 }
 
-/// Never kube-system or the webhook's own namespace (design.md 3.1).
+/// Never kube-system or the webhook's own namespace (docs/architecture.md rule 3.1).
 fn not_system_namespaces(s: &WebhookSettings) -> LabelSelectorRequirement {
     let mut excluded = vec!["kube-system".to_string()];
     if s.namespace != "kube-system" {
@@ -489,7 +489,7 @@ pub fn live_ca_bundle<C: WebhookConfiguration>(actual: &C) -> Option<Vec<u8>> {
     first_ca_bundle(actual.client_configs())
 }
 
-/// True when a validated timeout is allowed by the API server and by design.md 3.1.
+/// True when a validated timeout is allowed by the API server and by docs/architecture.md rule 3.1.
 pub fn valid_timeout(seconds: i64) -> Result<i32, String> {
     if (1..=5).contains(&seconds) {
         Ok(seconds as i32)

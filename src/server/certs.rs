@@ -5,7 +5,7 @@
 //! the `..data` symlink onto it; `tls.crt` is itself a symlink to `..data/tls.crt`. Watching
 //! the files would miss that, so the directory is watched, and re-read on a timer as well.
 //! A pair that does not parse or whose key does not match is ignored; the last good pair keeps
-//! serving (design.md 3.5).
+//! serving (docs/architecture.md rule 3.5).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 // Command chaos injects faults into kube-overcommit while fake nodes keep writing their status
-// and pods keep being created, and checks the rules of design.md section 3 the whole time:
+// and pods keep being created, and checks the rules of docs/architecture.md §3 the whole time:
 //
 //	chaos local   [flags]   the local control plane of tests/cluster: replicas are processes of
 //	                        the real binary; faults are SIGTERM/SIGKILL, the leader killed during

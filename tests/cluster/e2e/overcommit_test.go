@@ -155,7 +155,7 @@ func TestOvercommit(t *testing.T) {
 
 	// 6. A kubelet that restarts POSTs its Node again; the API server runs mutating admission
 	// before storage answers AlreadyExists, so the replicas count one patched node CREATE per
-	// restart on an overcommitted node: the signal for design.md section 8's re-admission window
+	// restart on an overcommitted node: the signal for docs/architecture.md §12's re-admission window
 	// (OutOfcpu after a kubelet restart), shown by the dashboard's registrations panel.
 	isNodeCreatePatched := func(k string) bool {
 		return strings.Contains(k, `resource="node"`) && strings.Contains(k, `operation="CREATE"`) && strings.Contains(k, `outcome="patched"`)
