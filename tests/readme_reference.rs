@@ -89,3 +89,220 @@ fn readme_documents_every_policy_field() {
         }
     }
 }
+
+/// The repository root (this crate's manifest directory).
+fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The paths the "Where things are" table names in its second column: backticked, relative to
+/// the root, or inside parentheses relative to the directory named just before them
+/// (`src/leader/` (`rotation.rs`) names `src/leader/rotation.rs`).
+fn table_paths(readme: &str) -> Vec<String> {
+    let section = readme
+        .split("\n## Where things are\n")
+        .nth(1)
+        .expect("README.md has a \"## Where things are\" section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut paths = Vec::new();
+    for row in section.lines().filter(|l| l.starts_with("| ")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let Some(cell) = cells.get(1).map(|c| c.trim_end_matches(" |")) else {
+            continue;
+        };
+        if cell == "where" || cell.starts_with("---") {
+            continue;
+        }
+        let (mut depth, mut base, mut rest) = (0usize, String::new(), cell);
+        while let Some(i) = rest.find(['`', '(', ')']) {
+            match rest.as_bytes()[i] {
+                b'(' => depth += 1,
+                b')' => depth = depth.saturating_sub(1),
+                _ => {
+                    let after = &rest[i + 1..];
+                    let end = after.find('`').expect("backticks are paired in the table");
+                    let token = &after[..end];
+                    if depth == 0 {
+                        base = token.to_string();
+                        paths.push(token.to_string());
+                    } else {
+                        paths.push(format!("{}{token}", base));
+                    }
+                    rest = &after[end + 1..];
+                    continue;
+                }
+            }
+            rest = &rest[i + 1..];
+        }
+    }
+    paths
+}
+
+#[test]
+fn readme_table_names_only_paths_that_exist() {
+    let paths = table_paths(&readme());
+    assert!(paths.len() > 60, "parsed too few paths: {paths:?}");
+    let missing: Vec<&String> = paths.iter().filter(|p| !root().join(p).exists()).collect();
+    assert!(
+        missing.is_empty(),
+        "README.md's \"Where things are\" names paths that do not exist: {missing:?}"
+    );
+}
+
+/// Entries that need no row of their own: generated or per-directory boilerplate.
+const UNNAMED: &[&str] = &[
+    "target",
+    "Cargo.lock",
+    "README.md",
+    "go.mod",
+    "go.sum",
+    "__pycache__",
+];
+
+#[test]
+fn readme_table_covers_the_tree() {
+    let named = table_paths(&readme());
+    let is_named = |path: &str| {
+        named.iter().any(|n| {
+            let n = n.trim_end_matches('/');
+            n == path
+                || n.starts_with(&format!("{path}/"))
+                // a module directory goes with its module file (`src/status.rs`, `src/status/`)
+                || n == format!("{path}.rs")
+        })
+    };
+    let mut unnamed = Vec::new();
+    for dir in [
+        ".",
+        "src",
+        "core/src",
+        "json/src",
+        "tests",
+        "tests/cluster",
+        "deploy",
+        "docs",
+    ] {
+        let entries =
+            std::fs::read_dir(root().join(dir)).unwrap_or_else(|e| panic!("reading {dir}: {e}"));
+        for entry in entries {
+            let name = entry
+                .unwrap_or_else(|e| panic!("reading {dir}: {e}"))
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            if name.starts_with('.') || UNNAMED.contains(&name.as_str()) {
+                continue;
+            }
+            let path = if dir == "." {
+                name
+            } else {
+                format!("{dir}/{name}")
+            };
+            if !is_named(&path) {
+                unnamed.push(path);
+            }
+        }
+    }
+    unnamed.sort();
+    assert!(
+        unnamed.is_empty(),
+        "README.md's \"Where things are\" does not name: {unnamed:?}"
+    );
+}
+
+/// Where code and docs cite docs/architecture.md by rule ("docs/architecture.md rule 3.2") or
+/// by section ("docs/architecture.md §6", "§5, §6"), the rule or section exists there.
+#[test]
+fn architecture_citations_exist() {
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md"))
+        .unwrap_or_else(|e| panic!("reading docs/architecture.md: {e}"));
+    let exists = |cite: &Cite| match cite {
+        Cite::Rule(n) => doc.contains(&format!("\n### {n} ")),
+        Cite::Section(n) => doc.contains(&format!("\n## {n}. ")),
+    };
+    let mut files = Vec::new();
+    cited_files(&root(), &mut files);
+    let mut cites = Vec::new();
+    let mut wrong = Vec::new();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        for (i, _) in text.match_indices("architecture.md") {
+            for cite in citations(&text[i + "architecture.md".len()..]) {
+                if !exists(&cite) {
+                    wrong.push(format!("{}: {cite:?}", file.display()));
+                }
+                cites.push(cite);
+            }
+        }
+    }
+    assert!(cites.len() >= 15, "found too few citations: {cites:?}");
+    assert!(
+        wrong.is_empty(),
+        "cited but not in docs/architecture.md: {wrong:?}"
+    );
+}
+
+#[derive(Debug)]
+enum Cite {
+    Rule(String),
+    Section(String),
+}
+
+/// The citations right after a mention of the file (also across a comment's line break):
+/// `rule N.M`, or `§N` repeated with `, ` or ` and ` between them.
+fn citations(after: &str) -> Vec<Cite> {
+    let rest = after.trim_start_matches(['`', ',', ' ', '\n', '/', '!', '#']);
+    let number = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect::<String>()
+            .trim_end_matches('.')
+            .to_string()
+    };
+    if let Some(r) = rest.strip_prefix("rule ") {
+        let n = number(r);
+        return if n.is_empty() {
+            vec![]
+        } else {
+            vec![Cite::Rule(n)]
+        };
+    }
+    let mut out = Vec::new();
+    let mut rest = rest;
+    while let Some(r) = rest.strip_prefix('§') {
+        let n = number(r);
+        if n.is_empty() {
+            break;
+        }
+        rest = r[n.len()..].trim_start_matches([',', ' ']);
+        rest = rest.strip_prefix("and ").unwrap_or(rest);
+        out.push(Cite::Section(n));
+    }
+    out
+}
+
+/// Source and documentation files of the repository, outside build output and hidden
+/// directories.
+fn cited_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || name == "target" || name == "out" {
+            continue;
+        }
+        if path.is_dir() {
+            cited_files(&path, out);
+        } else if ["rs", "go", "py", "md", "yaml", "sh", "tpl"]
+            .iter()
+            .any(|ext| name.ends_with(&format!(".{ext}")))
+            || name == "Makefile"
+        {
+            out.push(path);
+        }
+    }
+}
