@@ -22,8 +22,15 @@ FROM rust:1.95-slim-bookworm@sha256:d7482085ff5b415f84dba5647ae71606650bdef00db7
 WORKDIR /src
 COPY . .
 ENV CARGO_PROFILE_RELEASE_STRIP=debuginfo
-RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    --mount=type=cache,target=/src/target \
+# Cache mounts are shared by id across every build on the builder, and by default the id is the
+# target path: any other Dockerfile mounting /usr/local/cargo/registry would share (and could
+# poison) the extracted crate sources, which cargo does not re-verify against Cargo.lock once
+# unpacked. So each cache has an id of this project's own, and sharing=locked keeps two builds
+# from writing one at the same time. A release build should still start from an empty cache
+# (`--no-cache`, or a fresh builder): the cache spares time, not trust (SECURITY.md).
+RUN --mount=type=cache,id=kube-overcommit-cargo-registry,sharing=locked,target=/usr/local/cargo/registry \
+    --mount=type=cache,id=kube-overcommit-cargo-git,sharing=locked,target=/usr/local/cargo/git \
+    --mount=type=cache,id=kube-overcommit-target,sharing=locked,target=/src/target \
     cargo build --release --locked --bin kube-overcommit \
  && cp target/release/kube-overcommit /kube-overcommit
 # The final stage has glibc and libgcc only: fail the build if the binary needs anything else.

@@ -59,6 +59,27 @@ func TestStaticDockerfile(t *testing.T) {
 	if first, _, _ := strings.Cut(string(b), "\n"); strings.HasPrefix(first, "# syntax=") && !digest.MatchString(first) {
 		t.Errorf("%q: BuildKit frontend not pinned by digest", first)
 	}
+	// Cache mounts: an id of this project's own (the default id is the target path, shared with
+	// every other build on the builder that mounts the same path) and locked sharing.
+	mounts := regexp.MustCompile(`--mount=(\S+)`).FindAllStringSubmatch(text, -1)
+	caches := 0
+	for _, m := range mounts {
+		opts := map[string]string{}
+		for _, kv := range strings.Split(m[1], ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			opts[k] = v
+		}
+		if opts["type"] != "cache" {
+			continue
+		}
+		caches++
+		if !strings.HasPrefix(opts["id"], "kube-overcommit-") || opts["sharing"] != "locked" {
+			t.Errorf("cache mount %q: want id=kube-overcommit-... and sharing=locked (a cache shared with other builds could be poisoned by them)", m[1])
+		}
+	}
+	if caches == 0 {
+		t.Error("no cache mount found: the check above saw nothing")
+	}
 	build, final := stages[0], stages[len(stages)-1]
 	if !strings.Contains(build.from, " AS build") {
 		t.Errorf("first stage %q is not the build stage", build.from)
