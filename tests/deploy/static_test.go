@@ -924,3 +924,50 @@ func truncate(s string) string {
 	}
 	return s
 }
+
+// The image pinned by digest (deploy/README.md, "Pinning the image"): an overlay's `digest` and
+// the chart's image.digest both give repository@digest, without the tag, and the same reference;
+// without them both run the tag. The chart's schema refuses a digest of another form.
+func TestStaticImageDigest(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	helm, err := HelmBinary(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	const repo = "ghcr.io/kube-overcommit/kube-overcommit"
+	image := func(what string, b []byte, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		objs, err := Parse(b)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		d := convert[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "kube-overcommit"))
+		return d.Spec.Template.Spec.Containers[0].Image
+	}
+	b, err := Kustomize(root, "tests/deploy/testdata/digest")
+	kz := image("kustomize with digest", b, err)
+	b, err = HelmTemplate(root, helm, "kube-overcommit", "--set", "image.digest="+digest)
+	hm := image("helm with image.digest", b, err)
+	if want := repo + "@" + digest; kz != want || hm != want {
+		t.Errorf("pinned by digest: kustomize %q, helm %q, want both %q", kz, hm, want)
+	}
+	r := render(t)
+	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm} {
+		d := convert[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "kube-overcommit"))
+		if got := d.Spec.Template.Spec.Containers[0].Image; got != repo+":0.1.0" {
+			t.Errorf("%s without a digest: image %q, want %s:0.1.0", name, got, repo)
+		}
+	}
+	for _, bad := range []string{"0123", "sha256:XYZ", "sha512:" + digest[7:], digest + "x"} {
+		if _, err := HelmTemplate(root, helm, "kube-overcommit", "--set", "image.digest="+bad); err == nil {
+			t.Errorf("image.digest=%q: rendered, want refused by the schema", bad)
+		}
+	}
+}
