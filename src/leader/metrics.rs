@@ -121,75 +121,180 @@ mod tests {
 
     use super::*;
     use crate::metrics::{
-        HeartbeatsKeptLabels, Metrics, OutcomeLabel, PolicyReloadLabels, PolicySourceLabel,
-        RejectLabels, ReloadLabels, ReloadResult,
+        HeartbeatsKeptLabels, Metrics, OutcomeLabel, PlacementLabels, PodReadLabels,
+        PolicyReloadLabels, PolicySourceLabel, RejectLabels, ReloadLabels, ReloadResult,
     };
+    use crate::placement::{CapOutcome, PodLookup};
 
-    /// Metric name -> the label names of its series, from the text format.
-    fn label_names(text: &str) -> BTreeMap<String, BTreeSet<String>> {
-        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for line in text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-        {
-            let (name, labels) = match line.split_once('{') {
-                Some((name, rest)) => (name, rest.split_once('}').map_or("", |(l, _)| l)),
-                None => (line.split_once(' ').map_or(line, |(n, _)| n), ""),
-            };
-            let set = out.entry(name.to_string()).or_default();
-            // Label values here never contain `,` or `=` (enums, numbers, the node name "n").
-            for pair in labels.split(',').filter(|p| !p.is_empty()) {
-                if let Some((key, _)) = pair.split_once('=') {
-                    set.insert(key.to_string());
+    /// Series name -> label name -> the values seen, from the text format.
+    type Series = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
+
+    /// The label pairs of one sample (`a="x",b="y"`), values unquoted.
+    fn pairs(mut labels: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        while let Some((key, rest)) = labels.split_once("=\"") {
+            let mut value = String::new();
+            let mut chars = rest.char_indices();
+            let mut end = rest.len();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => {
+                        if let Some((_, e)) = chars.next() {
+                            value.push(e);
+                        }
+                    }
+                    '"' => {
+                        end = i + 1;
+                        break;
+                    }
+                    c => value.push(c),
                 }
             }
+            out.push((key.trim_start_matches(',').to_string(), value));
+            labels = &rest[end..];
         }
         out
     }
 
-    /// What SECURITY.md ("What is exposed") says /metrics discloses: the labelled series and
-    /// their label names are exactly these, and only `node_raw_allocatable` names a node.
-    /// Every other series is a bare number. A new label fails here until it is documented.
+    /// Every family registered (`# TYPE` lines, with or without samples) and the samples.
+    fn exposition(text: &str) -> (BTreeSet<String>, Series) {
+        let mut families = BTreeSet::new();
+        let mut series = Series::new();
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                families.insert(rest.split(' ').next().unwrap_or(rest).to_string());
+                continue;
+            }
+            if line.starts_with('#') {
+                continue;
+            }
+            let (name, labels) = match line.split_once('{') {
+                Some((name, rest)) => (name, rest.rsplit_once('}').map_or("", |(l, _)| l)),
+                None => (line.split_once(' ').map_or(line, |(n, _)| n), ""),
+            };
+            let entry = series.entry(name.to_string()).or_default();
+            for (key, value) in pairs(labels) {
+                entry.entry(key).or_default().insert(value);
+            }
+        }
+        (families, series)
+    }
+
+    /// SECURITY.md's table of labelled series ("What `/metrics` exposes"): series (without the
+    /// prefix) -> label -> the values listed after it in parentheses (empty: none listed).
+    fn documented() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+        let text = include_str!("../../SECURITY.md");
+        let table = text
+            .split_once("**What `/metrics` exposes**")
+            .map(|(_, t)| t)
+            .unwrap_or_default();
+        let mut out = BTreeMap::new();
+        let rows = table
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2);
+        for row in rows {
+            let cells: Vec<&str> = row.split('|').collect();
+            let (Some(series), Some(labels)) = (cells.get(1), cells.get(2)) else {
+                continue;
+            };
+            let Some(name) = series.split('`').nth(1) else {
+                continue;
+            };
+            let mut map = BTreeMap::new();
+            // `label` (v1, v2), `other`: odd parts are the names, what follows holds the values.
+            let parts: Vec<&str> = labels.split('`').collect();
+            for (i, label) in parts.iter().enumerate().skip(1).step_by(2) {
+                let after = parts.get(i + 1).map_or("", |a| a.trim_start());
+                let values = after
+                    .strip_prefix('(')
+                    .and_then(|a| a.split_once(')'))
+                    .map(|(v, _)| v.split(',').map(|v| v.trim().to_string()).collect())
+                    .unwrap_or_default();
+                map.insert(label.to_string(), values);
+            }
+            out.insert(name.to_string(), map);
+        }
+        out
+    }
+
+    /// Every outcome of the placement cap. A new one does not compile here until it is listed.
+    fn every_cap_outcome() -> Vec<CapOutcome> {
+        use CapOutcome::*;
+        let all = vec![Allowed, Denied, Warned, FailedOpen, BadRequest];
+        for o in &all {
+            match o {
+                Allowed | Denied | Warned | FailedOpen | BadRequest => {}
+            }
+        }
+        all
+    }
+
+    fn every_pod_lookup() -> Vec<PodLookup> {
+        use PodLookup::*;
+        let all = vec![Found, NotFound, Failed];
+        for o in &all {
+            match o {
+                Found | NotFound | Failed => {}
+            }
+        }
+        all
+    }
+
+    /// What SECURITY.md ("What is exposed") says /metrics discloses: every family registered
+    /// (the replicas' and the leader's, populated or not) is checked; the labelled series and
+    /// their label names are exactly the table's, the values it lists for a label are every
+    /// value exported (the placement outcomes: all of them), and only `node_raw_allocatable`
+    /// names a node. A new family, label or listed value fails here until it is documented.
     #[test]
     fn metrics_disclose_only_the_documented_labels() {
         let m = Metrics::new();
         let leader = m.with_registry(LeaderMetrics::new);
-        // One series in every family, so that each label set is encoded.
+        // One series in every family that starts empty, so that each label set is encoded.
         m.heartbeats_kept
             .get_or_create(&HeartbeatsKeptLabels {
                 outcome: OutcomeLabel::patched,
             })
             .inc();
+        for outcome in every_cap_outcome() {
+            m.placement_reviews
+                .get_or_create(&PlacementLabels {
+                    outcome: outcome.into(),
+                })
+                .inc();
+        }
+        for lookup in every_pod_lookup() {
+            m.placement_pod_reads
+                .get_or_create(&PodReadLabels {
+                    result: lookup.into(),
+                })
+                .inc();
+        }
         m.http_rejects
             .get_or_create(&RejectLabels { status: 413 })
             .inc();
-        m.policy_reloads
-            .get_or_create(&PolicyReloadLabels {
-                source: PolicySourceLabel::crd,
-                result: ReloadResult::success,
-            })
-            .inc();
-        m.cert_reloads
-            .get_or_create(&ReloadLabels {
-                result: ReloadResult::error,
-            })
-            .inc();
-        m.usage_synced
-            .get_or_create(&crate::metrics::UsageCacheLabels {
-                cache: crate::metrics::UsageCache::pods,
-            })
-            .set(1);
-        m.usage_feeder_running
-            .get_or_create(&crate::metrics::UsageCacheLabels {
-                cache: crate::metrics::UsageCache::metrics,
-            })
-            .set(1);
-        m.usage_polls
-            .get_or_create(&ReloadLabels {
-                result: ReloadResult::success,
-            })
-            .inc();
+        for source in [PolicySourceLabel::crd, PolicySourceLabel::file] {
+            for result in [ReloadResult::success, ReloadResult::error] {
+                m.policy_reloads
+                    .get_or_create(&PolicyReloadLabels { source, result })
+                    .inc();
+            }
+        }
+        for result in [ReloadResult::success, ReloadResult::error] {
+            m.cert_reloads.get_or_create(&ReloadLabels { result }).inc();
+            m.usage_polls.get_or_create(&ReloadLabels { result }).inc();
+        }
+        for cache in [
+            crate::metrics::UsageCache::pods,
+            crate::metrics::UsageCache::metrics,
+        ] {
+            let labels = crate::metrics::UsageCacheLabels { cache };
+            m.usage_synced.get_or_create(&labels).set(1);
+            m.usage_feeder_running.get_or_create(&labels).set(1);
+        }
         leader.rotation("leaf", "issued");
+        leader.rotation("ca", "started");
         leader.repair("webhook-configuration", "repaired");
         leader
             .node_raw_allocatable
@@ -199,54 +304,63 @@ mod tests {
                 unit: "core".into(),
             })
             .set(4.0);
-        let names = label_names(&m.encode());
-        let labelled: BTreeMap<&str, BTreeSet<&str>> = names
+        let (families, series) = exposition(&m.encode());
+        assert!(families.len() > 20, "{families:?}");
+        // Every family has a sample: one registered but left empty here would hide its labels.
+        for family in &families {
+            assert!(
+                series.keys().any(|s| s == family
+                    || s.strip_prefix(family.as_str()).is_some_and(|r| {
+                        ["_total", "_bucket", "_sum", "_count", "_info"].contains(&r)
+                    })),
+                "{family} is registered but has no series here: populate it above so that its \
+                 labels are checked against SECURITY.md"
+            );
+        }
+        let labelled: BTreeMap<&str, &BTreeMap<String, BTreeSet<String>>> = series
             .iter()
             .filter(|(_, l)| !l.is_empty())
-            .map(|(n, l)| (n.as_str(), l.iter().map(String::as_str).collect()))
+            .map(|(n, l)| (n.as_str(), l))
             .collect();
-        let set = |l: &[&'static str]| l.iter().copied().collect::<BTreeSet<&str>>();
-        let want = BTreeMap::from([
-            (
-                "kube_overcommit_reviews_total",
-                set(&["resource", "operation", "outcome"]),
-            ),
-            ("kube_overcommit_heartbeats_kept_total", set(&["outcome"])),
-            (
-                "kube_overcommit_review_duration_seconds_bucket",
-                set(&["le"]),
-            ),
-            ("kube_overcommit_http_rejects_total", set(&["status"])),
-            (
-                "kube_overcommit_policy_reloads_total",
-                set(&["source", "result"]),
-            ),
-            (
-                "kube_overcommit_certificate_reloads_total",
-                set(&["result"]),
-            ),
-            ("kube_overcommit_build_info", set(&["version"])),
-            (
-                "kube_overcommit_certificate_rotations_total",
-                set(&["kind", "outcome"]),
-            ),
-            (
-                "kube_overcommit_config_repairs_total",
-                set(&["object", "action"]),
-            ),
-            (
-                "kube_overcommit_node_raw_allocatable",
-                set(&["node", "resource", "unit"]),
-            ),
-            ("kube_overcommit_usage_fallbacks_total", set(&["reason"])),
-            ("kube_overcommit_usage_synced", set(&["cache"])),
-            ("kube_overcommit_usage_feeder_running", set(&["cache"])),
-            ("kube_overcommit_usage_polls_total", set(&["result"])),
-        ]);
-        assert_eq!(labelled, want, "labelled series of /metrics");
+        let docs = documented();
+        let names = |m: &BTreeMap<String, BTreeSet<String>>| -> BTreeSet<String> {
+            m.keys().cloned().collect()
+        };
+        let exported: BTreeMap<String, BTreeSet<String>> = labelled
+            .iter()
+            .map(|(n, l)| {
+                let short = n.strip_prefix("kube_overcommit_").unwrap_or(n).to_string();
+                (short, names(l))
+            })
+            .collect();
+        let listed: BTreeMap<String, BTreeSet<String>> =
+            docs.iter().map(|(n, l)| (n.clone(), names(l))).collect();
+        assert_eq!(
+            exported, listed,
+            "labelled series of /metrics (left) vs SECURITY.md's table (right)"
+        );
+        for (name, labels) in labelled {
+            let short = name.strip_prefix("kube_overcommit_").unwrap_or(name);
+            for (label, values) in labels {
+                let Some(allowed) = docs.get(short).and_then(|d| d.get(label)) else {
+                    continue;
+                };
+                if allowed.is_empty() {
+                    continue;
+                }
+                let missing: Vec<&String> = values.difference(allowed).collect();
+                assert!(
+                    missing.is_empty(),
+                    "{short}: SECURITY.md lists {label} ({allowed:?}), /metrics also has {missing:?}"
+                );
+            }
+            if short != "node_raw_allocatable" {
+                assert!(!labels.contains_key("node"), "{short} names a node");
+            }
+        }
         assert!(
-            names.contains_key("kube_overcommit_node_raw_allocatable_unreadable_nodes"),
-            "{names:?}"
+            series.contains_key("kube_overcommit_node_raw_allocatable_unreadable_nodes"),
+            "{series:?}"
         );
     }
 }
