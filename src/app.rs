@@ -100,6 +100,20 @@ pub struct ServeArgs {
     )]
     pub mode: crate::mode::Mode,
 
+    /// In-process mode: who writes the compiled MutatingAdmissionPolicy. `leader`: the leader
+    /// updates the one the install ships (deploy/components/in-process; it cannot create it);
+    /// `operator`: nothing here writes it or its binding, the operator applies
+    /// `compile-inprocess`'s output (deploy/components/in-process-operator). Either way the
+    /// webhook leaves the static policies' nodes to it only while both objects are what this
+    /// replica compiles from the policies in force.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_IN_PROCESS_POLICY",
+        value_enum,
+        default_value = "leader"
+    )]
+    pub in_process_policy: crate::mode::InProcessPolicy,
+
     /// Usage policies (spec.usage): list NodeMetrics from metrics.k8s.io this often. A node's
     /// newest sample older (by its own timestamp) than its window plus 3 intervals, or a failed
     /// poll, makes its policy fall back to nodeRatios. The poller and the pod watch run only
@@ -199,13 +213,16 @@ async fn start(
     tracing::info!(
         mode = args.mode.as_str(),
         path = path.as_str(),
+        in_process_policy = args.in_process_policy.as_str(),
         "static policies' path"
     );
     let in_process = leader::in_process::InProcessContext {
         path,
+        writer: args.in_process_policy,
         policies: store.clone(),
         heartbeat_refresh: args.heartbeat_refresh,
         flag: Default::default(),
+        in_force: shared.metrics.in_process_in_force.clone(),
     };
 
     // The lean pod index both the usage rule and the request cap read, fed by one pod watch.

@@ -3,7 +3,8 @@
 //! as a JSON List, and which policies stay on the webhook (stderr). Both objects are named
 //! like the ones the leader keeps (`--webhook-config-name`, same env var and default), so a
 //! compiled policy applied by hand and the one `serve --mode in-process` keeps are the same
-//! object; so is `--heartbeat-refresh`.
+//! object; so is `--heartbeat-refresh`. With `serve --in-process-policy operator` this output,
+//! applied by the operator or GitOps, is the only writer of both objects.
 
 use std::io::Write;
 use std::path::PathBuf;

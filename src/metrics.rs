@@ -291,6 +291,9 @@ pub struct Metrics {
     pub usage_nodes: Gauge,
     /// Pods in the shared lean pod index (usage policies, the request cap).
     pub usage_pods: Gauge,
+    /// In-process mode: 1 while this replica leaves the static policies' nodes to the compiled
+    /// MutatingAdmissionPolicy (it and its binding are what this replica compiles), else 0.
+    pub in_process_in_force: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -359,6 +362,7 @@ impl Metrics {
             usage_feeder_running: Family::default(),
             usage_nodes: Gauge::default(),
             usage_pods: Gauge::default(),
+            in_process_in_force: Gauge::default(),
         };
         root.register(
             "reviews",
@@ -459,6 +463,11 @@ impl Metrics {
             "usage_pods",
             "Pods in the lean pod index usage policies and the request cap read (non-terminal, bound or pending)",
             m.usage_pods.clone(),
+        );
+        root.register(
+            "in_process_in_force",
+            "In-process mode: 1 while this replica leaves the static policies' nodes to the compiled MutatingAdmissionPolicy (it and its binding are what this replica compiles from the policies in force), 0 while the webhook serves them",
+            m.in_process_in_force.clone(),
         );
         root.register(
             "build",

@@ -2,12 +2,16 @@
 //! (`effective`, table-tested); the one I/O is `discover`, the API server's discovery of
 //! `admissionregistration.k8s.io/v1`, read once at start.
 //!
-//! - `webhook` (the default): the webhook serves every policy; the leader deletes the compiled
-//!   MutatingAdmissionPolicy and binding it kept, if any.
+//! - `webhook` (the default): the webhook serves every policy; the leader puts the placeholder
+//!   back into the compiled MutatingAdmissionPolicy it kept, if any (`compiled_policy`).
 //! - `in-process`: the leader keeps the static policies compiled into a MutatingAdmissionPolicy
 //!   and binding (`overcommit_core::inprocess`); `serve` refuses to start when the API server
 //!   does not serve both resources.
 //! - `auto`: in-process when the API server serves both, webhook otherwise.
+//!
+//! `--in-process-policy` says who writes the compiled objects: the leader (`leader`, the
+//! default: it updates the policy the install ships) or the operator (`operator`: the leader
+//! writes nothing and only reports what differs).
 //!
 //! `node_path` (pure, table-tested) says which path one node's status writes take, for
 //! `review --explain` and `status`.
@@ -31,6 +35,25 @@ pub enum Mode {
     Webhook,
     Auto,
     InProcess,
+}
+
+/// The `--in-process-policy` flag: who writes the compiled MutatingAdmissionPolicy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum InProcessPolicy {
+    /// The leader updates the policy the install ships (it can create neither object).
+    #[default]
+    Leader,
+    /// The operator applies `compile-inprocess`'s output; nothing here writes either object.
+    Operator,
+}
+
+impl InProcessPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Leader => "leader",
+            Self::Operator => "operator",
+        }
+    }
 }
 
 /// The path the static policies take.

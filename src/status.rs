@@ -173,12 +173,24 @@ async fn policies(client: &Client, file: Option<&PathBuf>) -> anyhow::Result<Pol
     Ok(set)
 }
 
-/// Whether the compiled MutatingAdmissionPolicy and binding named `name` are in the cluster.
+/// The live policy is the placeholder (`compiled_policy::is_placeholder`).
+fn is_placeholder(object: &DynamicObject, name: &str) -> bool {
+    serde_json::to_value(object)
+        .is_ok_and(|v| crate::leader::compiled_policy::is_placeholder(&v, name))
+}
+
+/// Whether the compiled MutatingAdmissionPolicy and binding named `name` are in the cluster (the
+/// placeholder the install ships applies nothing: absent).
 async fn cluster_path(client: &Client, name: &str) -> ClusterPath {
     let mut found = Vec::new();
     for resource in [policy_resource(), binding_resource()] {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
         found.push(match api.get_opt(name).await {
+            Ok(Some(o))
+                if resource.kind == "MutatingAdmissionPolicy" && is_placeholder(&o, name) =>
+            {
+                Found::Absent
+            }
             Ok(Some(_)) => Found::Present,
             Ok(None) => Found::Absent,
             Err(kube::Error::Api(status)) if status.code == 404 => Found::Absent,

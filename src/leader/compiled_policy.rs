@@ -1,11 +1,18 @@
-//! The compiled MutatingAdmissionPolicy and binding the leader keeps in place in in-process
-//! mode (`serve --mode`): the desired objects (a pure function of the policy set, the path and
-//! the configuration name) and the drift check (the spec only, with the API server's defaults
-//! filled in so that a defaulted field is not drift). Kept like the webhook configurations
-//! (`webhook_config`): created when missing, repaired on drift, rebuilt on every policy change,
-//! deleted when the path is the webhook or no static policy remains; only objects labelled
-//! `app.kubernetes.io/managed-by: kube-overcommit` are deleted, one of our name without it is
-//! taken over when wanted.
+//! The compiled MutatingAdmissionPolicy and binding of in-process mode (`serve --mode`): the
+//! desired objects (a pure function of the policy set, the path and the configuration name),
+//! the fail-safe placeholder the install ships, and the drift check (the spec only, with the API
+//! server's defaults filled in so that a defaulted field is not drift).
+//!
+//! The ServiceAccount cannot create either object (RBAC cannot limit create by name, and no
+//! admission policy can guard admission policies): the install ships both
+//! (deploy/components/in-process, Helm inProcess.enabled), the policy as the placeholder, and
+//! the leader may only update the policy of its own name (`--in-process-policy leader`), or
+//! write nothing at all (`operator`: the operator applies `compile-inprocess`'s output). With
+//! `leader`, the policy is rebuilt on every policy change and repaired on drift; on the webhook
+//! path, or with no static policy left, ours (label `app.kubernetes.io/managed-by:
+//! kube-overcommit`) is put back to the placeholder, which matches nothing; one of our name
+//! without the label is left alone then, and taken over when wanted. A missing object is
+//! reported, never created: the webhook then serves every node.
 //!
 //! Both objects are named after `--webhook-config-name` (one installation, one name), so that
 //! two installations never share them.
@@ -50,7 +57,7 @@ pub fn binding_resource() -> ApiResource {
     )
 }
 
-/// The two objects as they must be (None: none wanted, the leader deletes ours).
+/// The two objects as they must be (None: none wanted, ours holds the placeholder).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Desired {
     pub policy: Value,
@@ -179,35 +186,75 @@ pub fn is_managed(object: &Value) -> bool {
         == Some(MANAGED_BY.1)
 }
 
-/// What the leader does with one of the two objects.
+/// The placeholder's mutation: a JSON Patch test, which changes nothing.
+const NO_OP_PATCH: &str = "[JSONPatch{op: 'test', path: '/kind', value: 'Node'}]";
+
+/// The policy the install ships (deploy/components/in-process/policy.yaml, the chart's
+/// inProcess.enabled), and the one the leader puts back when no compiled policy is wanted: it
+/// fails open (`Ignore`) and matches nothing (a match condition that is always false), so that
+/// as shipped, and whatever happens to the leader, it changes no write.
+pub fn placeholder(name: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": {MANAGED_BY.0: MANAGED_BY.1}},
+        "spec": {
+            "failurePolicy": "Ignore",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {
+                "matchPolicy": "Equivalent",
+                "resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                    "resources": ["nodes/status"], "scope": "Cluster",
+                }],
+            },
+            "matchConditions": [{"name": "placeholder-matches-nothing", "expression": "false"}],
+            // A patch that changes nothing even if it ran: a test that the object is a Node (the
+            // API server refuses an untyped `[]`).
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": NO_OP_PATCH}}],
+        },
+    })
+}
+
+/// Whether a live policy is the placeholder (it applies nothing).
+pub fn is_placeholder(actual: &Value, name: &str) -> bool {
+    drift(actual, &placeholder(name), true).is_empty()
+}
+
+/// What the leader does with the policy (`--in-process-policy leader`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Upkeep {
     Keep,
-    Create,
-    /// Replace the live one; the drifted fields, for the log.
+    /// Wanted and missing: the ServiceAccount cannot create it (the install ships it).
+    Missing,
+    /// Replace the live one with `want` or the placeholder; the drifted fields, for the log.
     Repair(Vec<String>),
-    /// Not wanted and the live one is ours: delete it.
-    Delete,
 }
 
-/// The pure decision for one object. One of our name without our label is left alone when
-/// none is wanted (someone else's), taken over (repaired with our label) when one is.
-pub fn upkeep(want: Option<&Value>, actual: Option<&Value>, is_policy: bool) -> Upkeep {
-    match (want, actual) {
-        (Some(_), None) => Upkeep::Create,
-        (Some(want), Some(actual)) => {
-            let mut drifted = drift(actual, want, is_policy);
-            if !is_managed(actual) {
-                drifted.push("metadata.labels".into());
-            }
-            if drifted.is_empty() {
-                Upkeep::Keep
-            } else {
-                Upkeep::Repair(drifted)
-            }
-        }
-        (None, Some(actual)) if is_managed(actual) => Upkeep::Delete,
-        (None, _) => Upkeep::Keep,
+/// The pure decision for the policy: `want` the compiled one, None for the placeholder. One of
+/// our name without our label is left alone when none is wanted (someone else's), taken over
+/// (repaired with our label) when one is.
+pub fn upkeep(want: Option<&Value>, placeholder: &Value, actual: Option<&Value>) -> Upkeep {
+    let Some(actual) = actual else {
+        return if want.is_some() {
+            Upkeep::Missing
+        } else {
+            Upkeep::Keep
+        };
+    };
+    let target = match want {
+        Some(want) => want,
+        None if is_managed(actual) => placeholder,
+        None => return Upkeep::Keep,
+    };
+    let mut drifted = drift(actual, target, true);
+    if !is_managed(actual) {
+        drifted.push("metadata.labels".into());
+    }
+    if drifted.is_empty() {
+        Upkeep::Keep
+    } else {
+        Upkeep::Repair(drifted)
     }
 }
 
@@ -223,29 +270,30 @@ pub fn repaired(actual: &Value, want: &Value) -> Value {
     out
 }
 
-/// The binding as the leader finds it. The leader never writes it: the install ships it
-/// (deploy/components/in-process, Helm inProcess.enabled) and the ServiceAccount may only read
-/// it, so that its matchResources bound what the policy the leader writes can act on.
+/// One of the two objects as the leader finds it, where it does not write it: the binding (the
+/// install ships it and the ServiceAccount may only read it, so that its matchResources bound
+/// what the policy the leader writes can act on), and both with `--in-process-policy operator`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BindingState {
-    /// No compiled policy is wanted: the binding does not matter.
+pub enum ObjectState {
+    /// No compiled policy is wanted: the object does not matter.
     NotWanted,
     Ready,
     Missing,
-    /// It exists with another spec; the fields that differ.
+    /// It exists with another spec (an operator-applied policy compiled from other policies);
+    /// the fields that differ.
     Differs(Vec<String>),
 }
 
-pub fn binding_state(want: Option<&Value>, actual: Option<&Value>) -> BindingState {
+pub fn object_state(want: Option<&Value>, actual: Option<&Value>, is_policy: bool) -> ObjectState {
     match (want, actual) {
-        (None, _) => BindingState::NotWanted,
-        (Some(_), None) => BindingState::Missing,
+        (None, _) => ObjectState::NotWanted,
+        (Some(_), None) => ObjectState::Missing,
         (Some(want), Some(actual)) => {
-            let drifted = drift(actual, want, false);
+            let drifted = drift(actual, want, is_policy);
             if drifted.is_empty() {
-                BindingState::Ready
+                ObjectState::Ready
             } else {
-                BindingState::Differs(drifted)
+                ObjectState::Differs(drifted)
             }
         }
     }
@@ -410,6 +458,7 @@ mod tests {
         let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH)
             .unwrap()
             .policy;
+        let empty = placeholder("ko");
         let mut unlabelled = want.clone();
         unlabelled["metadata"]
             .as_object_mut()
@@ -417,9 +466,31 @@ mod tests {
             .remove("labels");
         let mut edited = want.clone();
         edited["spec"]["failurePolicy"] = json!("Fail");
+        let mut matching = empty.clone();
+        matching["spec"]["matchConditions"][0]["expression"] = json!("true");
+        // What tells the compiled policy from the placeholder.
+        let filled: Vec<String> = [
+            "spec.matchConditions",
+            "spec.matchConstraints",
+            "spec.mutations",
+            "spec.variables",
+        ]
+        .map(String::from)
+        .to_vec();
         let cases = [
-            ("wanted, missing", Some(&want), None, Upkeep::Create),
+            (
+                "wanted, missing: never created",
+                Some(&want),
+                None,
+                Upkeep::Missing,
+            ),
             ("wanted, in place", Some(&want), Some(&want), Upkeep::Keep),
+            (
+                "wanted, the shipped placeholder",
+                Some(&want),
+                Some(&empty),
+                Upkeep::Repair(filled.clone()),
+            ),
             (
                 "wanted, hand-edited",
                 Some(&want),
@@ -432,7 +503,24 @@ mod tests {
                 Some(&unlabelled),
                 Upkeep::Repair(vec!["metadata.labels".into()]),
             ),
-            ("not wanted, ours", None, Some(&want), Upkeep::Delete),
+            (
+                "not wanted, ours: back to the placeholder",
+                None,
+                Some(&want),
+                Upkeep::Repair(filled.clone()),
+            ),
+            (
+                "not wanted, the placeholder",
+                None,
+                Some(&empty),
+                Upkeep::Keep,
+            ),
+            (
+                "not wanted, the placeholder made to match",
+                None,
+                Some(&matching),
+                Upkeep::Repair(vec!["spec.matchConditions".into()]),
+            ),
             (
                 "not wanted, someone else's",
                 None,
@@ -442,16 +530,17 @@ mod tests {
             ("not wanted, none", None, None, Upkeep::Keep),
         ];
         for (what, w, a, expected) in cases {
-            assert_eq!(upkeep(w, a, true), expected, "{what}");
+            assert_eq!(upkeep(w, &empty, a), expected, "{what}");
         }
         assert!(is_managed(&repaired(&unlabelled, &want)));
+        assert!(is_placeholder(&repaired(&want, &empty), "ko"));
+        assert!(!is_placeholder(&want, "ko") && !is_placeholder(&matching, "ko"));
     }
 
     #[test]
-    fn binding_state_table() {
-        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH)
-            .unwrap()
-            .binding;
+    fn object_state_table() {
+        let d = desired(&set(STATIC), Path::InProcess, "ko", REFRESH).unwrap();
+        let want = d.binding.clone();
         let mut widened = want.clone();
         widened["spec"]
             .as_object_mut()
@@ -460,56 +549,84 @@ mod tests {
         let mut other_policy = want.clone();
         other_policy["spec"]["policyName"] = json!("someone-else");
         let cases = [
-            ("not wanted, none", None, None, BindingState::NotWanted),
+            ("not wanted, none", None, None, ObjectState::NotWanted),
             (
                 "not wanted, there",
                 None,
                 Some(&want),
-                BindingState::NotWanted,
+                ObjectState::NotWanted,
             ),
-            ("wanted, missing", Some(&want), None, BindingState::Missing),
+            ("wanted, missing", Some(&want), None, ObjectState::Missing),
             (
                 "wanted, as compiled",
                 Some(&want),
                 Some(&want),
-                BindingState::Ready,
+                ObjectState::Ready,
             ),
             (
                 "without matchResources (the policy alone would bound it)",
                 Some(&want),
                 Some(&widened),
-                BindingState::Differs(vec!["spec.matchResources".into()]),
+                ObjectState::Differs(vec!["spec.matchResources".into()]),
             ),
             (
                 "binding another policy",
                 Some(&want),
                 Some(&other_policy),
-                BindingState::Differs(vec!["spec.policyName".into()]),
+                ObjectState::Differs(vec!["spec.policyName".into()]),
             ),
         ];
         for (what, w, a, expected) in cases {
-            assert_eq!(binding_state(w, a), expected, "{what}");
+            assert_eq!(object_state(w, a, false), expected, "{what}");
         }
+        // An operator-applied policy compiled from other policies (a ratio since changed).
+        let older = desired(
+            &set(&STATIC.replace("\"2\"", "\"3\"")),
+            Path::InProcess,
+            "ko",
+            REFRESH,
+        )
+        .unwrap();
+        assert_eq!(
+            object_state(Some(&d.policy), Some(&older.policy), true),
+            ObjectState::Differs(vec!["spec.variables".into()])
+        );
+        assert_eq!(
+            object_state(Some(&d.policy), Some(&d.policy), true),
+            ObjectState::Ready
+        );
     }
 
-    /// The binding the install ships (deploy/components/in-process; the chart renders the same,
-    /// tests/deploy compares them) is the one the leader expects with the default name.
+    /// What the install ships (deploy/components/in-process; the chart renders the same, tests/deploy
+    /// compares them): the binding the leader expects with the default name, and the placeholder
+    /// policy, which fails open and matches nothing.
     #[test]
-    fn the_shipped_binding_is_the_compiled_one() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/deploy/components/in-process/binding.yaml"
-        );
-        let text = std::fs::read_to_string(path).unwrap();
-        let shipped: Value = serde_yaml::from_str(&text).unwrap();
+    fn the_shipped_objects_are_the_compiled_binding_and_the_placeholder() {
+        let read = |file: &str| -> Value {
+            let path = format!(
+                "{}/deploy/components/in-process/{file}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+        };
+        let shipped = read("binding.yaml");
         let want = desired(&set(STATIC), Path::InProcess, "kube-overcommit", REFRESH).unwrap();
         assert_eq!(
             shipped["metadata"]["name"],
             want.binding["metadata"]["name"]
         );
         assert_eq!(
-            binding_state(Some(&want.binding), Some(&shipped)),
-            BindingState::Ready
+            object_state(Some(&want.binding), Some(&shipped), false),
+            ObjectState::Ready
+        );
+        let policy = read("policy.yaml");
+        assert_eq!(policy["metadata"]["name"], "kube-overcommit");
+        assert!(is_managed(&policy), "{policy}");
+        assert!(is_placeholder(&policy, "kube-overcommit"), "{policy}");
+        assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
+        assert_eq!(
+            policy["spec"]["matchConditions"][0]["expression"], "false",
+            "the placeholder matches nothing"
         );
     }
 

@@ -16,13 +16,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
 use super::certs::{self, CertError, CertInfo, Fingerprint};
-use super::compiled_policy::{self, BindingState, Upkeep};
+use super::compiled_upkeep::Compiled;
 use super::election::{Claim, NotLeader};
 use super::in_process::InProcessContext;
 use super::metrics::LeaderMetrics;
@@ -84,18 +84,6 @@ pub struct Controller {
     compiled: Compiled,
 }
 
-/// The compiled MutatingAdmissionPolicy and binding (`serve --mode`).
-struct Compiled {
-    context: InProcessContext,
-    policies: Api<DynamicObject>,
-    bindings: Api<DynamicObject>,
-    /// On the webhook path: one left by an earlier run in in-process mode was looked for
-    /// (once per term as leader).
-    stale_checked: AtomicBool,
-    /// The binding as last logged (a change is logged once).
-    binding_state: std::sync::Mutex<Option<BindingState>>,
-}
-
 fn now() -> Timestamp {
     Timestamp::now()
 }
@@ -108,13 +96,7 @@ impl Controller {
         metrics: LeaderMetrics,
         in_process: InProcessContext,
     ) -> Self {
-        let compiled = Compiled {
-            context: in_process,
-            policies: Api::all_with(client.clone(), &compiled_policy::policy_resource()),
-            bindings: Api::all_with(client.clone(), &compiled_policy::binding_resource()),
-            stale_checked: AtomicBool::new(false),
-            binding_state: std::sync::Mutex::new(None),
-        };
+        let compiled = Compiled::new(&client, in_process);
         Self {
             compiled,
             secrets: Api::namespaced(client.clone(), &s.namespace),
@@ -208,7 +190,9 @@ impl Controller {
             let (leaf, forced) = store::read_serving(serving.as_ref());
             let live_bundle = self.upkeep_config(&ca).await?;
             let live_bundle = self.upkeep_validating(&ca, live_bundle).await?;
-            self.upkeep_compiled().await?;
+            self.compiled
+                .upkeep(&self.claim, &self.metrics, &self.s.webhook.config_name)
+                .await?;
             let at = now();
             let reports =
                 replicas::fresh_reports(&self.leases, &self.s.lease_name, at, true).await?;
@@ -371,135 +355,6 @@ impl Controller {
             }
         };
         Ok(written.as_ref().map(bundle_fingerprints))
-    }
-
-    /// Create, repair or delete the compiled policy, check its binding (`serve --mode`). A failure
-    /// is logged and retried at the next tick without holding up the rest of the loop. On the
-    /// webhook path, one left by an earlier run is looked for once per term (a cluster without
-    /// the API, 404, or without the RBAC, 403, has none to delete).
-    async fn upkeep_compiled(&self) -> Result<(), NotLeader> {
-        let c = &self.compiled;
-        let webhook_path = c.context.path == Path::Webhook;
-        if webhook_path && c.stale_checked.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        // Never from an empty set before the first one is read: that would delete them.
-        if !webhook_path && !c.context.policies.is_synced() {
-            return Ok(());
-        }
-        let want = compiled_policy::desired(
-            &c.context.policies.current(),
-            c.context.path,
-            &self.s.webhook.config_name,
-            c.context.heartbeat_refresh,
-        );
-        match self.keep_compiled(want.as_ref()).await {
-            Ok(()) => {
-                c.stale_checked.store(webhook_path, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(ControllerError::NotLeader(e)) => Err(e),
-            Err(ControllerError::Kube(kube::Error::Api(s)))
-                if webhook_path && (s.code == 404 || s.code == 403) =>
-            {
-                tracing::debug!(code = s.code, "no compiled admission policy to look for");
-                c.stale_checked.store(true, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(ControllerError::Kube(kube::Error::Api(s))) if s.code == 403 => {
-                tracing::warn!(error = %s.message, "could not keep the compiled admission policy: forbidden; --mode in-process|auto needs the grants of deploy/components/in-process (Helm inProcess.enabled); retrying");
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, path = c.context.path.as_str(), "could not keep the compiled admission policy; retrying");
-                Ok(())
-            }
-        }
-    }
-
-    /// The policy is created, repaired or deleted; the binding is only read: the install ships
-    /// it and the ServiceAccount cannot write it (its matchResources bound what the policy can
-    /// act on, SECURITY.md).
-    async fn keep_compiled(
-        &self,
-        want: Option<&compiled_policy::Desired>,
-    ) -> Result<(), ControllerError> {
-        let c = &self.compiled;
-        self.keep_policy(want.map(|w| &w.policy)).await?;
-        let Some(want) = want else {
-            return Ok(());
-        };
-        let name = &self.s.webhook.config_name;
-        let actual = match c.bindings.get_opt(name).await? {
-            Some(o) => Some(serde_json::to_value(o).map_err(json_error)?),
-            None => None,
-        };
-        let state = compiled_policy::binding_state(Some(&want.binding), actual.as_ref());
-        let mut last = c.binding_state.lock().unwrap_or_else(|e| e.into_inner());
-        if last.as_ref() != Some(&state) {
-            match &state {
-                BindingState::Missing => {
-                    tracing::warn!(%name, "the MutatingAdmissionPolicyBinding of the compiled policy is missing: install it (deploy/components/in-process, Helm inProcess.enabled); until then the webhook serves every node")
-                }
-                BindingState::Differs(fields) => {
-                    tracing::warn!(%name, ?fields, "the MutatingAdmissionPolicyBinding of the compiled policy differs from the compiled one (`kube-overcommit compile-inprocess` prints it); until it is the same the webhook serves every node")
-                }
-                BindingState::Ready => {
-                    tracing::info!(%name, "the MutatingAdmissionPolicyBinding of the compiled policy is in place")
-                }
-                BindingState::NotWanted => {}
-            }
-            *last = Some(state);
-        }
-        Ok(())
-    }
-
-    async fn keep_policy(&self, want: Option<&serde_json::Value>) -> Result<(), ControllerError> {
-        let api = &self.compiled.policies;
-        let name = &self.s.webhook.config_name;
-        let object = "mutating-admission-policy";
-        let actual = match api.get_opt(name).await? {
-            Some(o) => Some(serde_json::to_value(o).map_err(json_error)?),
-            None => None,
-        };
-        let as_object =
-            |v: serde_json::Value| serde_json::from_value::<DynamicObject>(v).map_err(json_error);
-        match (
-            compiled_policy::upkeep(want, actual.as_ref(), true),
-            want,
-            &actual,
-        ) {
-            (Upkeep::Create, Some(want), _) => {
-                self.claim.check()?;
-                api.create(&PostParams::default(), &as_object(want.clone())?)
-                    .await?;
-                tracing::info!(%name, object, "created the compiled admission policy");
-                self.metrics.repair(object, "created");
-            }
-            (Upkeep::Repair(drifted), Some(want), Some(actual)) => {
-                self.claim.check()?;
-                let repaired = as_object(compiled_policy::repaired(actual, want))?;
-                api.replace(name, &PostParams::default(), &repaired).await?;
-                tracing::info!(%name, object, fields = ?drifted, "repaired the compiled admission policy");
-                self.metrics.repair(object, "repaired");
-            }
-            (Upkeep::Delete, _, Some(actual)) => {
-                self.claim.check()?;
-                let meta = |key: &str| actual["metadata"][key].as_str().map(str::to_string);
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        resource_version: meta("resourceVersion"),
-                        uid: meta("uid"),
-                    }),
-                    ..DeleteParams::default()
-                };
-                api.delete(name, &params).await?;
-                tracing::info!(%name, object, "deleted the compiled admission policy");
-                self.metrics.repair(object, "deleted");
-            }
-            _ => {}
-        }
-        Ok(())
     }
 
     async fn write_secret(
@@ -759,10 +614,6 @@ fn trusted_pem(ca: &CaMaterial) -> Option<String> {
         }
         _ => None,
     }
-}
-
-fn json_error(e: serde_json::Error) -> ControllerError {
-    ControllerError::State(format!("compiled admission policy object: {e}"))
 }
 
 fn fingerprints_of(pem: Option<Vec<u8>>) -> Vec<Fingerprint> {

@@ -23,10 +23,11 @@ use kube::api::DynamicObject;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use overcommit_core::policy::PolicySet;
+use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 
 use super::compiled_policy::{self, Desired, binding_resource, policy_resource};
-use crate::mode::Path;
+use crate::mode::{InProcessPolicy, Path};
 use crate::shutdown::Signal;
 use crate::sources::PolicyStore;
 
@@ -39,11 +40,15 @@ pub const TICK: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct InProcessContext {
     pub path: Path,
+    /// `serve --in-process-policy`: who writes the compiled objects.
+    pub writer: InProcessPolicy,
     pub policies: PolicyStore,
     /// `serve --heartbeat-refresh`: the compiled policy's quiet heartbeats, as the webhook's.
     pub heartbeat_refresh: Duration,
     /// `admission::Settings::in_process`.
     pub flag: Arc<AtomicBool>,
+    /// `kube_overcommit_in_process_in_force`: the flag, exported.
+    pub in_force: Gauge,
 }
 
 /// The flag from how long the objects have been in force (None: they are not).
@@ -182,6 +187,7 @@ pub async fn keep_flag(client: Client, name: String, context: InProcessContext, 
             _ = context.policies.published() => {}
             _ = shutdown.stopped() => {
                 context.flag.store(false, Ordering::Relaxed);
+                context.in_force.set(0);
                 return;
             }
         }
@@ -194,6 +200,7 @@ pub async fn keep_flag(client: Client, name: String, context: InProcessContext, 
             since,
             Instant::now(),
         );
+        context.in_force.set(i64::from(on));
         if context.flag.swap(on, Ordering::Relaxed) != on {
             tracing::info!(
                 in_force = on,

@@ -35,6 +35,7 @@
 
 pub mod certs;
 pub mod compiled_policy;
+pub mod compiled_upkeep;
 pub mod controller;
 pub mod election;
 pub mod in_process;

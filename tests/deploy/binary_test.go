@@ -303,9 +303,10 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 	}
 	t.Logf("node %s: %s", node, last)
 
-	// In-process mode (--mode in-process): the leader, as the ServiceAccount, created the
-	// compiled policy under the component's grants (a refusal would be logged, checked below)
-	// and found the binding the component ships equal to the one it compiles ("in place").
+	// In-process mode (--mode in-process): the leader, as the ServiceAccount, filled in the
+	// placeholder policy the component ships under the component's grant (update only; a
+	// refusal would be logged, checked below) and found the binding the component ships equal
+	// to the one it compiles ("in place").
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		ar := client.AdmissionregistrationV1()
 		p, err := ar.MutatingAdmissionPolicies().Get(ctx, "kube-overcommit", metav1.GetOptions{})
@@ -327,9 +328,10 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		return true, nil
 	})
 	if err != nil {
-		t.Errorf("the leader did not create the compiled MutatingAdmissionPolicy under the component's grants, or the binding is not the shipped one: %s", last)
+		t.Errorf("the leader did not fill in the shipped MutatingAdmissionPolicy under the component's grant, or the binding is not the shipped one: %s", last)
 	}
-	// With the component, the ServiceAccount writes the policy and only reads its binding.
+	// With the component, the ServiceAccount updates the policy of its name and only reads its
+	// binding (TestClusterInProcessRBAC tries every write).
 	user := "system:serviceaccount:" + ns + ":kube-overcommit"
 	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
 	for _, c := range []struct {
@@ -337,8 +339,10 @@ func TestClusterBinaryUnderRBAC(t *testing.T) {
 		verb, resource string
 		name           string
 	}{
-		{true, "create", "mutatingadmissionpolicies", ""},
+		{false, "create", "mutatingadmissionpolicies", ""},
 		{true, "update", "mutatingadmissionpolicies", "kube-overcommit"},
+		{false, "patch", "mutatingadmissionpolicies", "kube-overcommit"},
+		{false, "delete", "mutatingadmissionpolicies", "kube-overcommit"},
 		{false, "update", "mutatingadmissionpolicies", "someone-else"},
 		{true, "get", "mutatingadmissionpolicybindings", "kube-overcommit"},
 		{false, "create", "mutatingadmissionpolicybindings", ""},

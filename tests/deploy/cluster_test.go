@@ -492,10 +492,10 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{false, "delete", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "someone-else", ""},
 		{false, "update", "admissionregistration.k8s.io", "validatingadmissionpolicies", "kube-overcommit-webhook-guard", ""},
 		// In-process mode without components/in-process: the compiled policy and its binding
-		// read, the policy deleted (cleanup), nothing written.
+		// read, nothing written.
 		{true, "get", "admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", ""},
 		{true, "watch", "admissionregistration.k8s.io", "mutatingadmissionpolicybindings", "kube-overcommit", ""},
-		{true, "delete", "admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", ""},
+		{false, "delete", "admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", ""},
 		{false, "create", "admissionregistration.k8s.io", "mutatingadmissionpolicies", "", ""},
 		{false, "update", "admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", ""},
 		{false, "patch", "admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", ""},

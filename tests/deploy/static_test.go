@@ -15,6 +15,7 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/prometheus/promql/parser"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -38,9 +39,14 @@ type renderings struct {
 	// components/request-cap and components/in-process, and the chart with both turned on.
 	inProcess     []*unstructured.Unstructured
 	helmInProcess []*unstructured.Unstructured
+	// The compiled policy kept by the operator: deploy/ with components/in-process-operator,
+	// and the chart with inProcess.policy=operator.
+	operator     []*unstructured.Unstructured
+	helmOperator []*unstructured.Unstructured
 }
 
 var helmInProcessArgs = []string{"--set", "requestCap.enabled=true", "--set", "inProcess.enabled=true"}
+var helmOperatorArgs = []string{"--set", "inProcess.enabled=true", "--set", "inProcess.policy=operator"}
 
 // helmAllArgs turns on every optional object of the chart, matching deploy/overlays/production
 // (plus the default policy, which kustomize ships as deploy/examples instead).
@@ -90,6 +96,10 @@ func render(t *testing.T) *renderings {
 	r.inProcess = load("kustomize deploy/ + request-cap + in-process", b, err)
 	b, err = HelmTemplate(root, helm, ns, helmInProcessArgs...)
 	r.helmInProcess = load("helm template (requestCap, inProcess)", b, err)
+	b, err = Kustomize(root, "tests/deploy/testdata/operator")
+	r.operator = load("kustomize deploy/ + in-process-operator", b, err)
+	b, err = HelmTemplate(root, helm, ns, helmOperatorArgs...)
+	r.helmOperator = load("helm template (inProcess, policy operator)", b, err)
 	return r
 }
 
@@ -153,20 +163,40 @@ func TestStaticInstallContainsEverything(t *testing.T) {
 	inProcess := []string{
 		"ClusterRole//kube-overcommit-in-process",
 		"ClusterRoleBinding//kube-overcommit-in-process",
+		"MutatingAdmissionPolicy//kube-overcommit",
 		"MutatingAdmissionPolicyBinding//kube-overcommit",
 	}
 	if got := keys(r.inProcess); !reflect.DeepEqual(got, sorted(append(slices.Clone(want), inProcess...))) {
 		t.Errorf("deploy/ with components/in-process renders %v", got)
 	}
+	// Kept by the operator: nothing beyond deploy/ (the operator applies the compiled objects).
+	if got := keys(r.operator); !reflect.DeepEqual(got, sorted(want)) {
+		t.Errorf("deploy/ with components/in-process-operator renders %v", got)
+	}
+	if got, base := keys(r.helmOperator), keys(r.helm); !reflect.DeepEqual(got, base) {
+		t.Errorf("inProcess.policy=operator renders %v, want the default chart's %v", got, base)
+	}
 }
 
 // components/in-process and the chart's inProcess.enabled install the same objects with the
-// same specs: the ClusterRole, its binding, and the MutatingAdmissionPolicyBinding (which the
-// leader expects exactly as compiled: src/leader/compiled_policy.rs compares it).
+// same specs: the ClusterRole, its binding, the placeholder MutatingAdmissionPolicy (fail-safe:
+// Ignore, a match condition that is always false) and the MutatingAdmissionPolicyBinding (which
+// the leader expects exactly as compiled: src/leader/compiled_policy.rs compares both).
 func TestStaticInProcessHelmMatchesKustomize(t *testing.T) {
 	r := render(t)
+	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.inProcess, "helm": r.helmInProcess} {
+		p := convert[admissionregistrationv1.MutatingAdmissionPolicy](t, mustFind(t, objs, "MutatingAdmissionPolicy", "kube-overcommit"))
+		if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionregistrationv1.Ignore ||
+			len(p.Spec.MatchConditions) != 1 || p.Spec.MatchConditions[0].Expression != "false" {
+			t.Errorf("%s: the shipped MutatingAdmissionPolicy is not fail-safe: failurePolicy %v, matchConditions %+v",
+				name, p.Spec.FailurePolicy, p.Spec.MatchConditions)
+		}
+		if p.Labels["app.kubernetes.io/managed-by"] != "kube-overcommit" {
+			t.Errorf("%s: the shipped MutatingAdmissionPolicy is labelled %v: the leader resets only a policy managed by kube-overcommit", name, p.Labels)
+		}
+	}
 	for _, key := range [][2]string{{"ClusterRole", "kube-overcommit-in-process"}, {"ClusterRoleBinding", "kube-overcommit-in-process"},
-		{"MutatingAdmissionPolicyBinding", "kube-overcommit"}} {
+		{"MutatingAdmissionPolicy", "kube-overcommit"}, {"MutatingAdmissionPolicyBinding", "kube-overcommit"}} {
 		k := mustFind(t, r.inProcess, key[0], key[1])
 		h := mustFind(t, r.helmInProcess, key[0], key[1])
 		for _, field := range []string{"spec", "rules", "roleRef", "subjects"} {
@@ -175,8 +205,8 @@ func TestStaticInProcessHelmMatchesKustomize(t *testing.T) {
 			}
 		}
 	}
-	if got, want := keys(r.helmInProcess), keys(r.helm); len(got) != len(want)+3 {
-		t.Errorf("inProcess.enabled (and requestCap.enabled) add %v to %v, want the three objects above", got, want)
+	if got, want := keys(r.helmInProcess), keys(r.helm); len(got) != len(want)+4 {
+		t.Errorf("inProcess.enabled (and requestCap.enabled) add %v to %v, want the four objects above", got, want)
 	}
 }
 
@@ -279,20 +309,24 @@ func TestStaticRequestCapFlag(t *testing.T) {
 func TestStaticInProcessFlag(t *testing.T) {
 	r := render(t)
 	for name, want := range map[string]bool{"kustomize": false, "helm": false, "production": false, "helm-all": false,
-		"in-process": true, "helm-in-process": true} {
+		"in-process": true, "helm-in-process": true, "operator": true, "helm-operator": true} {
 		objs := map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm, "production": r.production,
-			"helm-all": r.helmAll, "in-process": r.inProcess, "helm-in-process": r.helmInProcess}[name]
+			"helm-all": r.helmAll, "in-process": r.inProcess, "helm-in-process": r.helmInProcess,
+			"operator": r.operator, "helm-operator": r.helmOperator}[name]
 		d := convert[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "kube-overcommit"))
 		args := d.Spec.Template.Spec.Containers[0].Args
 		var modes []string
 		for _, a := range args {
-			if a == "--mode" || strings.HasPrefix(a, "--mode=") {
+			if a == "--mode" || strings.HasPrefix(a, "--mode=") || strings.HasPrefix(a, "--in-process-policy") {
 				modes = append(modes, a)
 			}
 		}
 		wantModes := []string(nil)
 		if want {
 			wantModes = []string{"--mode=in-process"}
+		}
+		if strings.HasSuffix(name, "operator") {
+			wantModes = append(wantModes, "--in-process-policy=operator")
 		}
 		if !slices.Equal(modes, wantModes) {
 			t.Errorf("%s: --mode flags %v in the args %v, want %v", name, modes, args, wantModes)
@@ -591,7 +625,8 @@ func equalMaps(sub, super map[string]string, _ map[string]string) bool {
 func TestStaticRBACLeastPrivilege(t *testing.T) {
 	r := render(t)
 	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.kustomize, "helm": r.helm,
-		"production": r.production, "helm-all": r.helmAll, "in-process": r.inProcess, "helm-in-process": r.helmInProcess} {
+		"production": r.production, "helm-all": r.helmAll, "in-process": r.inProcess, "helm-in-process": r.helmInProcess,
+		"operator": r.operator, "helm-operator": r.helmOperator} {
 		t.Run(name, func(t *testing.T) {
 			role := convert[rbacv1.Role](t, mustFind(t, objs, "Role", "kube-overcommit"))
 			cr := convert[rbacv1.ClusterRole](t, mustFind(t, objs, "ClusterRole", "kube-overcommit"))
@@ -615,19 +650,17 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 				allowed[grant{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "kube-overcommit", v}] = true
 			}
 			allowed[grant{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "create"}] = true
-			// In-process mode: every install reads the compiled policy and its binding and may
-			// delete the policy (cleanup after a switch back to webhook); only with
-			// components/in-process may it create and update the policy. The binding is never
-			// written by the ServiceAccount (the install ships it).
+			// In-process mode: every install reads the compiled policy and its binding; only with
+			// components/in-process (the leader keeps the policy) may it update the policy of its
+			// name, and nothing else: never create or delete either object, never write the
+			// binding (the install ships both). Kept by the operator: read only.
 			inProcess := name == "in-process" || name == "helm-in-process"
 			for _, v := range []string{"get", "list", "watch"} {
 				allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", v}] = true
 				allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicybindings", "kube-overcommit", v}] = true
 			}
-			allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", "delete"}] = true
 			if inProcess {
 				allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicies", "kube-overcommit", "update"}] = true
-				allowed[grant{"admissionregistration.k8s.io", "mutatingadmissionpolicies", "", "create"}] = true
 			}
 			for _, v := range []string{"list", "watch"} {
 				allowed[grant{"overcommit.dev", "overcommitpolicies", "", v}] = true

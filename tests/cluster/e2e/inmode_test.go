@@ -1,17 +1,22 @@
 package e2e
 
 // Issue 18, `serve --mode in-process`, on the real API server: replicas started with it keep
-// the static policies compiled into a MutatingAdmissionPolicy named like the webhook
-// configuration (created by the leader; the binding is the install's, applied here from
-// deploy/components/in-process), rebuild it within seconds of a policy edit, repair a hand edit,
-// and delete it when no static policy remains. A node status write is
+// the static policies compiled into the MutatingAdmissionPolicy named like the webhook
+// configuration, which the install ships as a placeholder (deploy/components/in-process, applied
+// here with its binding): the leader fills it in, rebuilds it within seconds of a policy edit,
+// repairs a hand edit, puts the placeholder back when no static policy remains, and never
+// creates one that is missing (the ServiceAccount cannot: issue 32). A node status write is
 // inflated by the API server while the webhook's node rule patches nothing (its "patched"
-// counter stays where it was), with the same result as the webhook's rule (`review`).
+// counter stays where it was), with the same result as the webhook's rule (`review`). With
+// `--in-process-policy operator` the leader writes nothing: an operator-applied policy compiled
+// from older policies leaves the nodes to the webhook.
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -21,24 +26,26 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
 	"kube-overcommit/tests/cluster/install"
 )
 
-func TestInProcessModeKeptByLeader(t *testing.T) {
+// startInMode: the binary, two replicas of a policy of cpu x2 started with `extra`, and a
+// dynamic client; the compiled objects named after the namespace are deleted at the end.
+func startInMode(t *testing.T, ctx context.Context, prefix string, extra ...string) (string, string, *replicaSet, dynamic.Interface) {
+	t.Helper()
 	bin, err := install.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	dyn, err := dynamic.NewForConfig(shared.RestConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := uniqueName("inmode")
-	rs := startReplicasWithPolicy(t, ctx, ns, 2, "  nodeRatios:\n    cpu: \"2\"\n", "--mode", "in-process", "--policy-reload-interval", "1s")
+	ns := uniqueName(prefix)
+	rs := startReplicasWithPolicy(t, ctx, ns, 2, "  nodeRatios:\n    cpu: \"2\"\n", append([]string{"--policy-reload-interval", "1s"}, extra...)...)
 	t.Cleanup(func() {
 		bg := context.Background()
 		_ = dyn.Resource(mabGVR).Delete(bg, ns, metav1.DeleteOptions{})
@@ -47,10 +54,25 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 	if err := rs.in.WaitBootstrapped(ctx, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	return bin, ns, rs, dyn
+}
+
+func TestInProcessModeKeptByLeader(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin, ns, rs, dyn := startInMode(t, ctx, "inmode", "--mode", "in-process")
 	policies, bindings := dyn.Resource(mapGVR), dyn.Resource(mabGVR)
-	// The binding is the install's (deploy/components/in-process), never the leader's.
+	// Both objects are the install's (deploy/components/in-process): the policy as the
+	// placeholder the leader fills in, the binding never written by it.
+	placeholder, err := install.InProcessPolicy(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
 	shipped, err := install.InProcessBinding(ns)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policies.Create(ctx, placeholder.DeepCopy(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := bindings.Create(ctx, shipped, metav1.CreateOptions{}); err != nil {
@@ -74,8 +96,8 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 		return ""
 	}
 
-	// 1. The leader creates the policy, labelled, the one the shipped binding names.
-	repairedWithin(t, "compiled policy created", 30*time.Second, func() error {
+	// 1. The leader fills in the placeholder, labelled, the one the shipped binding names.
+	repairedWithin(t, "placeholder filled in", 30*time.Second, func() error {
 		p, b, err := get()
 		if err != nil {
 			return err
@@ -120,7 +142,7 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 	edited := strings.Replace(mustRead(t, rs.policy), `cpu: "2"`, `cpu: "3"`, 1)
 	writeFile(t, rs.policy, edited)
 	start := time.Now()
-	repairedWithin(t, "policy edit compiled", 15*time.Second, func() error {
+	ratio3 := func() error {
 		p, _, err := get()
 		if err != nil {
 			return err
@@ -129,7 +151,8 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 			return fmt.Errorf("ratios %s", cpuRatio(p))
 		}
 		return nil
-	})
+	}
+	repairedWithin(t, "policy edit compiled", 15*time.Second, ratio3)
 	t.Logf("policy edit compiled in %v", time.Since(start).Round(time.Millisecond))
 	e.untilMatches(node, "ratio 3 in-process", raw)
 
@@ -156,8 +179,9 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 		return nil
 	})
 	t.Logf("hand edit repaired in %v", time.Since(start).Round(time.Millisecond))
-	// Exactly two replaces so far (the policy edit, the hand edit): what the API server
-	// defaults is not taken for drift, so nothing is rewritten at every resync.
+	// Exactly three replaces so far (the placeholder filled in, the policy edit, the hand
+	// edit): what the API server defaults is not taken for drift, so nothing is rewritten at
+	// every resync.
 	if err := rs.in.WaitReady(2, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -176,23 +200,176 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 	// Two resyncs of the leader loop (5 s at most each) without a write.
 	resync := time.NewTimer(6 * time.Second)
 	<-resync.C
-	if n := repairs(); n != 2 || first != 2 {
-		t.Fatalf("compiled policy replaced %v then %v times, want 2 (policy edit, hand edit): drift taken where there is none", first, n)
+	if n := repairs(); n != 3 || first != 3 {
+		t.Fatalf("compiled policy replaced %v then %v times, want 3 (placeholder filled in, policy edit, hand edit): drift taken where there is none", first, n)
 	}
 
-	// 5. No static policy left (a usage policy only): the policy is deleted (the binding, the
-	// install's, stays), and the webhook serves the node again.
+	// 5. No static policy left (a usage policy only): the placeholder is put back (the object
+	// stays, so that a static policy can be compiled into it again; the binding, the
+	// install's, stays too), and the webhook serves the node again.
 	writeFile(t, rs.policy, strings.Replace(edited, "  nodeRatios:\n", "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n  nodeRatios:\n", 1))
-	repairedWithin(t, "compiled policy deleted", 15*time.Second, func() error {
-		_, err := policies.Get(ctx, ns, metav1.GetOptions{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("policy still there: %v", err)
+	repairedWithin(t, "placeholder put back", 15*time.Second, func() error {
+		p, _, err := get()
+		if err != nil {
+			return err
 		}
-		if _, err = bindings.Get(ctx, ns, metav1.GetOptions{}); err != nil {
-			return fmt.Errorf("the install's binding is gone: %v", err)
+		if !isPlaceholder(p) {
+			return fmt.Errorf("policy spec %v", p.Object["spec"])
 		}
 		return nil
 	})
+
+	// 6. A missing policy is never created (the ServiceAccount has no create): with a static
+	// policy again and the policy deleted, the leader says so and the object stays absent; the
+	// install's placeholder, applied again, is filled in.
+	const missing = "the MutatingAdmissionPolicy of the compiled policy is missing"
+	reports := func() int {
+		n := 0
+		for _, r := range rs.in.Replicas() {
+			n += logCount(r.LogPath, missing)
+		}
+		return n
+	}
+	before := reports()
+	writeFile(t, rs.policy, edited)
+	if err := policies.Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	repairedWithin(t, "the leader reports the missing policy", 30*time.Second, func() error {
+		if reports() == before {
+			return fmt.Errorf("no replica logged the missing policy since the delete")
+		}
+		return nil
+	})
+	if _, err := policies.Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the missing policy was created again (or cannot be read): %v", err)
+	}
+	if _, err := policies.Create(ctx, placeholder.DeepCopy(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	repairedWithin(t, "placeholder applied again, filled in", 30*time.Second, ratio3)
+}
+
+// isPlaceholder: the policy is the one deploy/components/in-process ships (its only match
+// condition is always false: it changes no write).
+func isPlaceholder(p *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(p.Object, "spec", "matchConditions")
+	vars, _, _ := unstructured.NestedSlice(p.Object, "spec", "variables")
+	if len(conds) != 1 || len(vars) != 0 {
+		return false
+	}
+	c, ok := conds[0].(map[string]any)
+	return ok && c["expression"] == "false"
+}
+
+// logSince reports whether a replica's log has `text` since its last start.
+func logSince(logPath, text string) bool {
+	return logCount(logPath, text) > 0
+}
+
+// logCount: how many times a replica's log has `text` since its last start.
+func logCount(logPath, text string) int {
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		return 0
+	}
+	log := string(data)
+	if i := strings.LastIndex(log, "---- install: starting"); i >= 0 {
+		log = log[i:]
+	}
+	return strings.Count(log, text)
+}
+
+// TestInProcessOperatorApplied: `--in-process-policy operator` on the real API server (the
+// replicas run as a cluster admin here, so nothing but the code keeps them from writing). The
+// leader creates nothing; the operator applies `compile-inprocess`'s output and every replica
+// leaves the nodes to it; a policy edit makes the applied policy stale: the leader reports the
+// fields that differ and writes nothing (same resourceVersion), every replica serves the nodes
+// through the webhook again (kube_overcommit_in_process_in_force 0) until the operator applies
+// the new output.
+func TestInProcessOperatorApplied(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin, ns, rs, dyn := startInMode(t, ctx, "inoper", "--mode", "in-process", "--in-process-policy", "operator")
+	policies := dyn.Resource(mapGVR)
+	leaderLogs := func(text string) error {
+		for _, r := range rs.in.Replicas() {
+			if logSince(r.LogPath, text) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no replica logged %q", text)
+	}
+	inForce := func(want float64) error {
+		for _, r := range rs.in.Replicas() {
+			m, err := replicaMetrics(r)
+			if err != nil {
+				return err
+			}
+			if got := m["kube_overcommit_in_process_in_force"]; got != want {
+				return fmt.Errorf("%s: in_process_in_force %v, want %v", r.Identity(), got, want)
+			}
+		}
+		return nil
+	}
+	// apply is the operator: compile-inprocess of the policy file, applied as it is.
+	apply := func() {
+		t.Helper()
+		out, err := exec.Command(bin, "compile-inprocess", "--policy-file", rs.policy, "--webhook-config-name", ns).Output()
+		if err != nil {
+			t.Fatalf("compile-inprocess: %v", err)
+		}
+		var list struct {
+			Items []map[string]any `json:"items"`
+		}
+		if err := json.Unmarshal(out, &list); err != nil || len(list.Items) != 2 {
+			t.Fatalf("compile-inprocess output: %v %s", err, out)
+		}
+		for i, gvr := range []schema.GroupVersionResource{mapGVR, mabGVR} {
+			obj := &unstructured.Unstructured{Object: list.Items[i]}
+			if _, err := dyn.Resource(gvr).Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: "operator", Force: true}); err != nil {
+				t.Fatalf("applying %s: %v", gvr.Resource, err)
+			}
+		}
+	}
+
+	// 1. Nothing applied yet: the leader reports the missing policy and creates nothing.
+	repairedWithin(t, "missing policy reported", 30*time.Second, func() error {
+		return leaderLogs("the MutatingAdmissionPolicy of the compiled policy is missing")
+	})
+	if _, err := policies.Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the leader created the policy with --in-process-policy operator (or it cannot be read): %v", err)
+	}
+	if err := inForce(0); err != nil {
+		t.Fatal(err)
+	}
+
+	// 2. Applied by the operator: every replica leaves the nodes to it.
+	apply()
+	repairedWithin(t, "every replica steps back", 30*time.Second, func() error { return inForce(1) })
+
+	// 3. A policy edit: the applied policy is stale. The webhook serves again, the leader says
+	// what differs, and nothing is written.
+	before, err := policies.Get(ctx, ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, rs.policy, strings.Replace(mustRead(t, rs.policy), `cpu: "2"`, `cpu: "3"`, 1))
+	repairedWithin(t, "every replica serves the nodes again", 30*time.Second, func() error { return inForce(0) })
+	repairedWithin(t, "stale policy reported", 30*time.Second, func() error {
+		return leaderLogs("the MutatingAdmissionPolicy of the compiled policy differs from what the policies in force compile to")
+	})
+	after, err := policies.Get(ctx, ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.GetResourceVersion() != before.GetResourceVersion() {
+		t.Fatalf("the leader wrote the operator's policy (resourceVersion %s -> %s)", before.GetResourceVersion(), after.GetResourceVersion())
+	}
+
+	// 4. Compiled and applied again: in force again.
+	apply()
+	repairedWithin(t, "every replica steps back again", 30*time.Second, func() error { return inForce(1) })
 }
 
 func mustRead(t *testing.T, path string) string {

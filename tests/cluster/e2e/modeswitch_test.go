@@ -5,14 +5,13 @@ package e2e
 // rolled from --mode webhook to --mode in-process and back. No status write fails; every
 // stored version of the nodes, from their first inflated one, carries exactly
 // floor(7913m x 1.5) = 11869m with the listed annotations (never compounded), or, at most for
-// one write at a hand-over, the kubelet's own value; the compiled objects appear in in-process
-// mode (and the webhook then patches nothing) and are deleted back in webhook mode; `status`
-// names the path of the nodes in each mode.
+// one write at a hand-over, the kubelet's own value; the install's placeholder policy is filled
+// in in in-process mode (and the webhook then patches nothing) and put back in webhook mode;
+// `status` names the path of the nodes in each mode.
 
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -61,10 +60,18 @@ func TestModeSwitchUnderKubeletWrites(t *testing.T) {
 	if err := rs.in.WaitBootstrapped(ctx, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	// The install's binding (deploy/components/in-process), there in both modes: the leader
-	// writes only the policy; a binding without its policy does nothing.
+	// The install's objects (deploy/components/in-process), there in both modes: the binding,
+	// never written by the leader, and the placeholder policy, which matches nothing until the
+	// leader fills it in (it cannot create one).
 	shipped, err := install.InProcessBinding(ns)
 	if err != nil {
+		t.Fatal(err)
+	}
+	placeholder, err := install.InProcessPolicy(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(mapGVR).Create(ctx, placeholder, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := dyn.Resource(mabGVR).Create(ctx, shipped, metav1.CreateOptions{}); err != nil {
@@ -97,15 +104,17 @@ func TestModeSwitchUnderKubeletWrites(t *testing.T) {
 	t.Logf("webhook mode: %v inflated %s -> %s (%.1fs)", nodes.Names, msRaw, msInflated, time.Since(start).Seconds())
 
 	patched := func() float64 { return nodePatches(t, rs.in) }
+	// compiled: whether the policy is filled in (there and not the placeholder), and whether
+	// the binding is there.
 	compiled := func() (policy, binding bool, err error) {
-		_, perr := dyn.Resource(mapGVR).Get(ctx, ns, metav1.GetOptions{})
+		p, perr := dyn.Resource(mapGVR).Get(ctx, ns, metav1.GetOptions{})
 		_, berr := dyn.Resource(mabGVR).Get(ctx, ns, metav1.GetOptions{})
 		for _, e := range []error{perr, berr} {
 			if e != nil && !apierrors.IsNotFound(e) {
 				return false, false, e
 			}
 		}
-		return perr == nil, berr == nil, nil
+		return perr == nil && !isPlaceholder(p), berr == nil, nil
 	}
 	// paths checks the path `kube-overcommit status` shows for the nodes.
 	paths := func(want string) {
@@ -170,14 +179,14 @@ func TestModeSwitchUnderKubeletWrites(t *testing.T) {
 	}
 	writes("webhook mode", 3)
 	if p, b, err := compiled(); err != nil || p || !b {
-		t.Fatalf("webhook mode: compiled policy %v, binding %v (%v), want the install's binding alone", p, b, err)
+		t.Fatalf("webhook mode: compiled policy %v, binding %v (%v), want the install's binding and placeholder", p, b, err)
 	}
 	paths("webhook")
 
 	// 1. Webhook -> in-process, under the writes.
 	switched := time.Now()
 	roll("in-process")
-	repairedWithin(t, "compiled policy created beside the binding", 30*time.Second, func() error {
+	repairedWithin(t, "placeholder filled in beside the binding", 30*time.Second, func() error {
 		if p, b, err := compiled(); err != nil || !p || !b {
 			return fmt.Errorf("policy %v, binding %v (%v)", p, b, err)
 		}
@@ -199,12 +208,12 @@ func TestModeSwitchUnderKubeletWrites(t *testing.T) {
 	if after := patched(); after != before {
 		t.Errorf("in-process mode: the webhook patched %v node writes, want none", after-before)
 	}
-	t.Logf("in-process mode: compiled objects created, replicas stepped back, writes inflated without a webhook patch (%.1fs after the rollout started)", time.Since(switched).Seconds())
+	t.Logf("in-process mode: placeholder filled in, replicas stepped back, writes inflated without a webhook patch (%.1fs after the rollout started)", time.Since(switched).Seconds())
 
 	// 2. In-process -> webhook, under the writes.
 	switched = time.Now()
 	roll("webhook")
-	repairedWithin(t, "compiled policy deleted, the install's binding kept", 30*time.Second, func() error {
+	repairedWithin(t, "placeholder put back, the install's binding kept", 30*time.Second, func() error {
 		if p, b, err := compiled(); err != nil || p || !b {
 			return fmt.Errorf("policy %v, binding %v (%v)", p, b, err)
 		}
@@ -216,7 +225,7 @@ func TestModeSwitchUnderKubeletWrites(t *testing.T) {
 	if after := patched(); after < before+msNodes {
 		t.Errorf("webhook mode again: the webhook patched %v node writes, want at least %d", after-before, msNodes)
 	}
-	t.Logf("webhook mode again: compiled policy deleted, the webhook inflates (%.1fs after the rollout started)", time.Since(switched).Seconds())
+	t.Logf("webhook mode again: placeholder put back, the webhook inflates (%.1fs after the rollout started)", time.Since(switched).Seconds())
 
 	// Throughout: no failed write, and every stored version exact.
 	st, err := nodes.Stats()
@@ -282,15 +291,7 @@ func checkVersions(versions []version[*corev1.Node], policy string) (inflated, r
 // stepsBack reports whether a replica's log says, since its last start, that the webhook
 // leaves the static policies' nodes to the compiled policy.
 func stepsBack(logPath string) bool {
-	data, err := os.ReadFile(logPath)
-	if err != nil {
-		return false
-	}
-	text := string(data)
-	if i := strings.LastIndex(text, "---- install: starting"); i >= 0 {
-		text = text[i:]
-	}
-	return strings.Contains(text, "the webhook leaves the static policies' nodes")
+	return logSince(logPath, "the webhook leaves the static policies' nodes")
 }
 
 // nodePatches is how many node reviews the replicas answered with a patch (since their starts).

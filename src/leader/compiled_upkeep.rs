@@ -1,0 +1,212 @@
+//! The leader's upkeep of the compiled MutatingAdmissionPolicy and binding (`serve --mode`,
+//! `--in-process-policy`): the I/O around `compiled_policy`'s pure decisions.
+//!
+//! - `leader`: the policy the install ships is rebuilt on every policy change and repaired on
+//!   drift (an update with the resourceVersion read; the ServiceAccount has no other write on
+//!   it); on the webhook path, or with no static policy left, ours is put back to the
+//!   placeholder. A missing policy is reported, never created.
+//! - `operator`: nothing is written; what differs from what the policies in force compile to
+//!   is reported (an operator-applied policy compiled from older policies, a missing object).
+//!
+//! The binding is only ever read. Every replica's `in_process::keep_flag` makes the webhook
+//! serve every node while either object is not the compiled one, whoever is to blame.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kube::api::{DynamicObject, PostParams};
+use kube::{Api, Client};
+use serde_json::Value;
+
+use super::compiled_policy::{self, Desired, ObjectState, Upkeep};
+use super::election::{Claim, NotLeader};
+use super::in_process::InProcessContext;
+use super::metrics::LeaderMetrics;
+use crate::mode::{InProcessPolicy, Path};
+
+/// Why a step failed (logged, retried at the next tick).
+#[derive(Debug, thiserror::Error)]
+pub enum UpkeepError {
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("compiled admission policy object: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+const POLICY: &str = "MutatingAdmissionPolicy";
+const BINDING: &str = "MutatingAdmissionPolicyBinding";
+
+/// The compiled MutatingAdmissionPolicy and binding (`serve --mode`).
+pub struct Compiled {
+    pub context: InProcessContext,
+    pub policies: Api<DynamicObject>,
+    pub bindings: Api<DynamicObject>,
+    /// On the webhook path: one of ours left compiled by an earlier run was looked for
+    /// (once per term as leader).
+    stale_checked: AtomicBool,
+    /// Each object's state as last logged (policy, binding): a change is logged once.
+    logged: Mutex<[Option<ObjectState>; 2]>,
+}
+
+impl Compiled {
+    pub fn new(client: &Client, context: InProcessContext) -> Self {
+        Self {
+            context,
+            policies: Api::all_with(client.clone(), &compiled_policy::policy_resource()),
+            bindings: Api::all_with(client.clone(), &compiled_policy::binding_resource()),
+            stale_checked: AtomicBool::new(false),
+            logged: Mutex::new([None, None]),
+        }
+    }
+
+    /// One step of the upkeep. A failure is logged and retried at the next tick without
+    /// holding up the rest of the loop. On the webhook path, a compiled policy of ours left by
+    /// an earlier run is looked for once per term (a cluster without the API, 404, or without
+    /// the grant, 403, has none to reset).
+    pub async fn upkeep(
+        &self,
+        claim: &Claim,
+        metrics: &LeaderMetrics,
+        name: &str,
+    ) -> Result<(), NotLeader> {
+        let c = &self.context;
+        let webhook_path = c.path == Path::Webhook;
+        let operator = c.writer == InProcessPolicy::Operator;
+        if webhook_path && (operator || self.stale_checked.load(Ordering::Relaxed)) {
+            return Ok(());
+        }
+        // Never from an empty set before the first one is read: that would reset the policy.
+        if !webhook_path && !c.policies.is_synced() {
+            return Ok(());
+        }
+        let want =
+            compiled_policy::desired(&c.policies.current(), c.path, name, c.heartbeat_refresh);
+        match self.keep(claim, metrics, name, want.as_ref()).await {
+            Ok(()) => {
+                self.stale_checked.store(webhook_path, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(UpkeepError::NotLeader(e)) => Err(e),
+            Err(UpkeepError::Kube(kube::Error::Api(s)))
+                if webhook_path && (s.code == 404 || s.code == 403) =>
+            {
+                tracing::debug!(code = s.code, "no compiled admission policy to reset");
+                self.stale_checked.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(UpkeepError::Kube(kube::Error::Api(s))) if s.code == 403 => {
+                tracing::warn!(error = %s.message, "could not keep the compiled admission policy: forbidden; --in-process-policy leader needs the grant of deploy/components/in-process (Helm inProcess.enabled): update of the MutatingAdmissionPolicy {name}; retrying");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = c.path.as_str(), "could not keep the compiled admission policy; retrying");
+                Ok(())
+            }
+        }
+    }
+
+    async fn keep(
+        &self,
+        claim: &Claim,
+        metrics: &LeaderMetrics,
+        name: &str,
+        want: Option<&Desired>,
+    ) -> Result<(), UpkeepError> {
+        if self.context.writer == InProcessPolicy::Leader {
+            self.keep_policy(claim, metrics, name, want.map(|w| &w.policy))
+                .await?;
+        } else {
+            let actual = read(&self.policies, name).await?;
+            let state =
+                compiled_policy::object_state(want.map(|w| &w.policy), actual.as_ref(), true);
+            self.report(0, name, state);
+        }
+        if let Some(want) = want {
+            let actual = read(&self.bindings, name).await?;
+            let state = compiled_policy::object_state(Some(&want.binding), actual.as_ref(), false);
+            self.report(1, name, state);
+        }
+        Ok(())
+    }
+
+    /// `--in-process-policy leader`: the policy rebuilt, repaired or put back to the
+    /// placeholder, by an update of the live object only.
+    async fn keep_policy(
+        &self,
+        claim: &Claim,
+        metrics: &LeaderMetrics,
+        name: &str,
+        want: Option<&Value>,
+    ) -> Result<(), UpkeepError> {
+        let actual = read(&self.policies, name).await?;
+        let placeholder = compiled_policy::placeholder(name);
+        match compiled_policy::upkeep(want, &placeholder, actual.as_ref()) {
+            Upkeep::Keep if want.is_some() => self.report(0, name, ObjectState::Ready),
+            Upkeep::Keep => {}
+            Upkeep::Missing => self.report(0, name, ObjectState::Missing),
+            Upkeep::Repair(drifted) => {
+                let Some(actual) = actual else {
+                    return Ok(());
+                };
+                let target = want.unwrap_or(&placeholder);
+                let repaired = serde_json::from_value::<DynamicObject>(compiled_policy::repaired(
+                    &actual, target,
+                ))?;
+                claim.check()?;
+                self.policies
+                    .replace(name, &PostParams::default(), &repaired)
+                    .await?;
+                let object = "mutating-admission-policy";
+                if want.is_some() {
+                    tracing::info!(%name, object, fields = ?drifted, "repaired the compiled admission policy");
+                } else {
+                    tracing::info!(%name, object, fields = ?drifted, "put the placeholder back into the compiled admission policy (webhook path, or no static policy)");
+                }
+                metrics.repair(object, "repaired");
+            }
+        }
+        Ok(())
+    }
+
+    /// Log a change of one object's state (slot 0: the policy, 1: the binding), once.
+    fn report(&self, slot: usize, name: &str, state: ObjectState) {
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        if logged[slot].as_ref() == Some(&state) {
+            return;
+        }
+        let kind = if slot == 0 { POLICY } else { BINDING };
+        let fix = match (self.context.writer, slot) {
+            (InProcessPolicy::Operator, _) => {
+                "apply `kube-overcommit compile-inprocess` output for the policies in force (--in-process-policy operator: the leader writes neither object)"
+            }
+            (InProcessPolicy::Leader, 0) => {
+                "install it (deploy/components/in-process ships it as a placeholder, Helm inProcess.enabled): the ServiceAccount cannot create it"
+            }
+            (InProcessPolicy::Leader, _) => {
+                "install it as `kube-overcommit compile-inprocess` prints it (deploy/components/in-process, Helm inProcess.enabled): the ServiceAccount only reads it"
+            }
+        };
+        match &state {
+            ObjectState::Missing => {
+                tracing::warn!(%name, kind, fix, "the {kind} of the compiled policy is missing; until it is there the webhook serves every node")
+            }
+            ObjectState::Differs(fields) => {
+                tracing::warn!(%name, kind, ?fields, fix, "the {kind} of the compiled policy differs from what the policies in force compile to; until it is the same the webhook serves every node")
+            }
+            ObjectState::Ready => {
+                tracing::info!(%name, kind, "the {kind} of the compiled policy is in place")
+            }
+            ObjectState::NotWanted => {}
+        }
+        logged[slot] = Some(state);
+    }
+}
+
+async fn read(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>, UpkeepError> {
+    match api.get_opt(name).await? {
+        Some(o) => Ok(Some(serde_json::to_value(o)?)),
+        None => Ok(None),
+    }
+}
