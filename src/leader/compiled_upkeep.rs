@@ -63,8 +63,7 @@ impl Compiled {
 
     /// One step of the upkeep. A failure is logged and retried at the next tick without
     /// holding up the rest of the loop. On the webhook path, a compiled policy of ours left by
-    /// an earlier run is looked for once per term (a cluster without the API, 404, or without
-    /// the grant, 403, has none to reset).
+    /// an earlier run is looked for once per term (a cluster without the API, 404, has none).
     pub async fn upkeep(
         &self,
         claim: &Claim,
@@ -89,10 +88,15 @@ impl Compiled {
                 Ok(())
             }
             Err(UpkeepError::NotLeader(e)) => Err(e),
-            Err(UpkeepError::Kube(kube::Error::Api(s)))
-                if webhook_path && (s.code == 404 || s.code == 403) =>
-            {
-                tracing::debug!(code = s.code, "no compiled admission policy to reset");
+            Err(UpkeepError::Kube(kube::Error::Api(s))) if webhook_path && s.code == 404 => {
+                tracing::debug!("no compiled admission policy to reset: the API is not served");
+                self.stale_checked.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            // The base can read it, so this is the update: a compiled policy of ours is left in
+            // force without the component's grant.
+            Err(UpkeepError::Kube(kube::Error::Api(s))) if webhook_path && s.code == 403 => {
+                tracing::warn!(error = %s.message, "a compiled admission policy {name} of ours is still in force and the ServiceAccount may not put the placeholder back (no update grant): delete it (kubectl delete mutatingadmissionpolicy {name}) or apply deploy/components/in-process again");
                 self.stale_checked.store(true, Ordering::Relaxed);
                 Ok(())
             }
