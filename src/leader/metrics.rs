@@ -124,7 +124,7 @@ mod tests {
         HeartbeatsKeptLabels, Metrics, OutcomeLabel, PlacementLabels, PodReadLabels,
         PolicyReloadLabels, PolicySourceLabel, RejectLabels, ReloadLabels, ReloadResult,
     };
-    use crate::placement::{CapOutcome, PodLookup};
+    use crate::placement::{CapOutcome, PlacementError, PodLookup};
 
     /// Series name -> label name -> the values seen, from the text format.
     type Series = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
@@ -222,13 +222,54 @@ mod tests {
     /// Every outcome of the placement cap. A new one does not compile here until it is listed.
     fn every_cap_outcome() -> Vec<CapOutcome> {
         use CapOutcome::*;
-        let all = vec![Allowed, Denied, Warned, FailedOpen, BadRequest];
+        let all = vec![Allowed, Denied, Warned, Exempted, FailedOpen, BadRequest];
         for o in &all {
             match o {
-                Allowed | Denied | Warned | FailedOpen | BadRequest => {}
+                Allowed | Denied | Warned | Exempted | FailedOpen | BadRequest => {}
             }
         }
         all
+    }
+
+    /// Every reason a placement review fails open. A new one does not compile here until it is
+    /// listed.
+    fn every_failed_open_reason() -> Vec<&'static str> {
+        use PlacementError::*;
+        let text = || String::new();
+        let (namespace, name, reason) = (text(), text(), text());
+        let all = vec![
+            NotAReview(text()),
+            NoTarget(text()),
+            NotSynced,
+            UnknownPod {
+                namespace: text(),
+                name: text(),
+            },
+            PodRead {
+                namespace,
+                name,
+                reason,
+            },
+            UnknownNode(text()),
+            Unreadable {
+                pod: text(),
+                reason: text(),
+            },
+            Panicked,
+        ];
+        for e in &all {
+            match e {
+                NotAReview(_)
+                | NoTarget(_)
+                | NotSynced
+                | UnknownPod { .. }
+                | PodRead { .. }
+                | UnknownNode(_)
+                | Unreadable { .. }
+                | Panicked => {}
+            }
+        }
+        all.iter().map(PlacementError::reason).collect()
     }
 
     fn every_pod_lookup() -> Vec<PodLookup> {
@@ -262,6 +303,11 @@ mod tests {
                 .get_or_create(&PlacementLabels {
                     outcome: outcome.into(),
                 })
+                .inc();
+        }
+        for reason in every_failed_open_reason() {
+            m.placement_failed_open
+                .get_or_create(&crate::metrics::FailedOpenLabels { reason })
                 .inc();
         }
         for lookup in every_pod_lookup() {
