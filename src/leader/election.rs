@@ -1,10 +1,18 @@
 //! Leadership through the Lease (`lease_lock`: writes with the version read, so a race has one
 //! winner): one task renews or tries to acquire the Lease every
 //! `renew` period and publishes whether this replica leads. A claim is good only until
-//! `renew deadline = start of the last successful renewal + ttl - renew`: past it, leadership is
-//! dropped locally even if the API server never answered, well before another replica may take
-//! the Lease (after `ttl`). Leader tasks watch the claim and stop before any further write;
-//! every write also calls `Claim::check` right before it goes out.
+//! `renew deadline = start of the last successful renewal + ttl - renew` on this replica's
+//! monotonic clock: past it, leadership is dropped locally even if the API server never answered,
+//! `renew` before another replica may take the Lease (after it has seen that renewal unchanged for
+//! `ttl` on its own monotonic clock: `lease_lock::step`; wall clocks are never compared). Leader
+//! tasks watch the claim and stop before any further write; every write also calls
+//! `Claim::check` right before it goes out.
+//!
+//! The timing is checked at start ([`check_timing`]): whole seconds (the Lease records its
+//! duration in whole seconds: a sub-second TTL would be written as 0), and `ttl - renew > 1.2 x
+//! renew`, client-go's `LeaseDuration > RenewDeadline > JitterFactor (1.2) x RetryPeriod` with
+//! RenewDeadline = ttl - renew and RetryPeriod = renew: the next renewal starts `renew` after the
+//! last one and must have time to land before the deadline.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +23,37 @@ use tokio::time::Instant;
 
 use super::lease_lock::{LeaseLock, Outcome};
 use crate::shutdown::Signal;
+
+/// `--lease-ttl` and `--lease-renew` that cannot work together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimingError {
+    #[error(
+        "--{flag} must be whole seconds, at least 1s (got {value:?}): the Lease records its duration in whole seconds"
+    )]
+    NotWholeSeconds { flag: &'static str, value: Duration },
+    #[error(
+        "--lease-ttl ({ttl}s) must be more than 2.2 x --lease-renew ({renew}s): the leader stops \
+         leading at ttl - renew after its last renewal began, and the next renewal (renew later) \
+         needs time to land before that (client-go: LeaseDuration > RenewDeadline > 1.2 x RetryPeriod)"
+    )]
+    TooShort { ttl: u64, renew: u64 },
+}
+
+/// Check the Lease timing (see the module doc): both whole seconds, at least 1 s, and
+/// `ttl > 2.2 x renew`, so at least 1 s between the next renewal and the renew deadline.
+pub fn check_timing(ttl: Duration, renew: Duration) -> Result<(), TimingError> {
+    for (flag, value) in [("lease-ttl", ttl), ("lease-renew", renew)] {
+        if value.subsec_nanos() != 0 || value.is_zero() {
+            return Err(TimingError::NotWholeSeconds { flag, value });
+        }
+    }
+    let (ttl, renew) = (ttl.as_secs(), renew.as_secs());
+    // ttl - renew > 1.2 x renew, in integers.
+    if u128::from(ttl) * 5 <= u128::from(renew) * 11 {
+        return Err(TimingError::TooShort { ttl, renew });
+    }
+    Ok(())
+}
 
 /// The claim was lost, or could not be renewed in time.
 #[derive(Debug, thiserror::Error)]
@@ -217,5 +256,55 @@ mod tests {
             assert_eq!(claim_until(until).check().is_ok(), ok, "{what}");
         }
         assert!(Claim::never().check().is_err());
+    }
+
+    #[test]
+    fn timing_table() {
+        let ms = Duration::from_millis;
+        let s = Duration::from_secs;
+        let whole = |flag, value| Err(TimingError::NotWholeSeconds { flag, value });
+        let short = |ttl, renew| Err(TimingError::TooShort { ttl, renew });
+        let cases = [
+            ("defaults", s(15), s(5), Ok(())),
+            ("e2e", s(4), s(1), Ok(())),
+            ("chaos", s(6), s(2), Ok(())),
+            ("smallest for 1s", s(3), s(1), Ok(())),
+            ("2 x renew leaves no time", s(2), s(1), short(2, 1)),
+            ("2.2 x renew exactly", s(11), s(5), short(11, 5)),
+            ("just above 2.2 x renew", s(12), s(5), Ok(())),
+            ("renew equal to ttl", s(5), s(5), short(5, 5)),
+            ("renew above ttl", s(5), s(10), short(5, 10)),
+            (
+                "sub-second ttl",
+                ms(500),
+                ms(100),
+                whole("lease-ttl", ms(500)),
+            ),
+            (
+                "fractional ttl",
+                ms(15_500),
+                s(5),
+                whole("lease-ttl", ms(15_500)),
+            ),
+            (
+                "fractional renew",
+                s(15),
+                ms(4_500),
+                whole("lease-renew", ms(4_500)),
+            ),
+            ("zero renew", s(15), s(0), whole("lease-renew", s(0))),
+            ("zero ttl", s(0), s(5), whole("lease-ttl", s(0))),
+            ("huge", s(u64::MAX), s(u64::MAX / 3), Ok(())),
+        ];
+        for (what, ttl, renew, want) in cases {
+            assert_eq!(check_timing(ttl, renew), want, "{what}");
+        }
+        let text = check_timing(ms(500), ms(100)).err().map(|e| e.to_string());
+        assert_eq!(
+            text.as_deref(),
+            Some(
+                "--lease-ttl must be whole seconds, at least 1s (got 500ms): the Lease records its duration in whole seconds"
+            )
+        );
     }
 }

@@ -26,13 +26,30 @@ pub enum Step {
     Wait,
 }
 
-/// The pure decision. `now` is this replica's clock; `unchanged_for` is how long this replica
-/// has seen the Lease's current version unchanged, which makes a holder whose clock runs ahead
-/// (renewTime in our future) lose it anyway once it stops renewing.
+/// How long a challenger must see a held Lease unchanged before it may take it: the record's
+/// `leaseDurationSeconds`, but never longer than this replica's own TTL (a holder, or a stolen
+/// token, writing a huge value cannot keep the Lease forever); missing, zero or negative: the
+/// own TTL.
+pub fn patience(spec: &LeaseSpec, own_ttl: Duration) -> Duration {
+    match spec
+        .lease_duration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+    {
+        Some(secs) if secs > 0 => Duration::from_secs(secs).min(own_ttl),
+        _ => own_ttl,
+    }
+}
+
+/// The pure decision, on locally observed time only (as client-go's leader election):
+/// `unchanged_for` is how long this replica has seen the Lease's current version unchanged, on
+/// its own monotonic clock. The record's `renewTime` is another replica's wall clock and is never
+/// compared with ours, so clock skew between replicas cannot make two leaders. The holder's own
+/// side of the bargain is in `election`: it stops leading `ttl - renew` after the start of its
+/// last successful renewal, before anyone has seen that renewal unchanged for `ttl`.
 pub fn step(
     spec: Option<&LeaseSpec>,
     me: &str,
-    now: jiff::Timestamp,
+    own_ttl: Duration,
     unchanged_for: Duration,
 ) -> Step {
     let Some(spec) = spec else {
@@ -43,17 +60,7 @@ pub fn step(
         None | Some("") => return Step::Acquire,
         Some(_) => {}
     }
-    let duration = Duration::from_secs(
-        spec.lease_duration_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .unwrap_or(0),
-    );
-    let renewed_long_ago = spec.renew_time.as_ref().is_none_or(|t| {
-        t.0.checked_add(duration)
-            .map(|until| until < now)
-            .unwrap_or(true)
-    });
-    if renewed_long_ago || unchanged_for >= duration {
+    if unchanged_for >= patience(spec, own_ttl) {
         Step::Acquire
     } else {
         Step::Wait
@@ -138,7 +145,7 @@ impl LeaseLock {
         let unchanged_for = self.unchanged_for(&version);
         let spec = current.as_ref().and_then(|l| l.spec.as_ref());
         let wanted = held_spec(spec, &self.me, self.ttl, now);
-        let written = match step(spec, &self.me, now, unchanged_for) {
+        let written = match step(spec, &self.me, self.ttl, unchanged_for) {
             Step::Wait => return Ok(Outcome::NotLeading),
             Step::Create => {
                 let lease = Lease {
@@ -215,69 +222,173 @@ mod tests {
         }
     }
 
+    fn spec_for(holder: &str, renewed: Option<&str>, seconds: Option<i32>) -> LeaseSpec {
+        LeaseSpec {
+            lease_duration_seconds: seconds,
+            ..spec(Some(holder), renewed, 0)
+        }
+    }
+
+    /// The decision reads only this replica's observation (`unchanged_for`) and the record's
+    /// duration capped at the own TTL (15 s here), never the record's renewTime.
     #[test]
     fn step_table() {
-        let now = at("2026-11-25T00:00:20Z");
+        let ms = Duration::from_millis;
         let s = Duration::from_secs;
+        let ttl = s(15);
+        // "now" on this replica's wall clock is 00:01:00; only a skewed holder writes otherwise.
+        let (just_now, behind, ahead) = (
+            Some("2026-11-25T00:00:59Z"),
+            Some("2026-11-24T23:59:59Z"),
+            Some("2026-11-25T00:02:00Z"),
+        );
         let cases = [
             ("none", None, s(0), Step::Create),
             (
                 "ours",
-                Some(spec(Some("me"), Some("2026-11-25T00:00:19Z"), 15)),
+                Some(spec_for("me", just_now, Some(15))),
                 s(0),
                 Step::Renew,
             ),
             (
-                "ours, even expired",
-                Some(spec(Some("me"), Some("2026-11-25T00:00:00Z"), 15)),
-                s(0),
+                "ours, even long unchanged",
+                Some(spec_for("me", behind, Some(15))),
+                s(600),
                 Step::Renew,
             ),
             (
                 "released",
-                Some(spec(Some(""), Some("2026-11-25T00:00:19Z"), 1)),
+                Some(spec(Some(""), just_now, 1)),
                 s(0),
                 Step::Acquire,
             ),
             (
                 "no holder",
-                Some(spec(None, Some("2026-11-25T00:00:19Z"), 15)),
+                Some(spec(None, just_now, 15)),
                 s(0),
                 Step::Acquire,
             ),
             (
-                "held, renewed 1 s ago",
-                Some(spec(Some("other"), Some("2026-11-25T00:00:19Z"), 15)),
+                "held, just seen",
+                Some(spec_for("other", just_now, Some(15))),
+                s(0),
+                Step::Wait,
+            ),
+            // A holder whose clock is a minute behind: its renewTime looks a minute old here.
+            (
+                "holder's clock 1 min behind, just seen",
+                Some(spec_for("other", behind, Some(15))),
                 s(0),
                 Step::Wait,
             ),
             (
-                "held, not renewed for its duration",
-                Some(spec(Some("other"), Some("2026-11-25T00:00:04Z"), 15)),
-                s(0),
-                Step::Acquire,
+                "holder's clock 1 min behind, seen for less than its duration",
+                Some(spec_for("other", behind, Some(15))),
+                ms(14_999),
+                Step::Wait,
             ),
             (
-                "held, renewTime in our future (clock ahead) but unchanged for its duration here",
-                Some(spec(Some("other"), Some("2026-11-25T00:05:00Z"), 15)),
+                "holder's clock 1 min behind, unchanged for its duration",
+                Some(spec_for("other", behind, Some(15))),
                 s(15),
                 Step::Acquire,
             ),
+            // A holder whose clock is a minute ahead: renewTime in our future.
             (
-                "held, renewTime in our future, unchanged only briefly",
-                Some(spec(Some("other"), Some("2026-11-25T00:05:00Z"), 15)),
+                "holder's clock 1 min ahead, seen briefly",
+                Some(spec_for("other", ahead, Some(15))),
                 s(3),
                 Step::Wait,
             ),
             (
-                "held, never renewed",
-                Some(spec(Some("other"), None, 15)),
+                "holder's clock 1 min ahead, unchanged for its duration",
+                Some(spec_for("other", ahead, Some(15))),
+                s(15),
+                Step::Acquire,
+            ),
+            // The record's duration is capped at the own TTL.
+            (
+                "huge duration, below the own TTL",
+                Some(spec_for("other", ahead, Some(i32::MAX))),
+                ms(14_999),
+                Step::Wait,
+            ),
+            (
+                "huge duration, capped at the own TTL",
+                Some(spec_for("other", ahead, Some(i32::MAX))),
+                s(15),
+                Step::Acquire,
+            ),
+            (
+                "shorter duration, below it",
+                Some(spec_for("other", just_now, Some(5))),
+                ms(4_999),
+                Step::Wait,
+            ),
+            (
+                "shorter duration, reached",
+                Some(spec_for("other", just_now, Some(5))),
+                s(5),
+                Step::Acquire,
+            ),
+            // Missing, zero or negative: the own TTL.
+            (
+                "zero duration, just seen",
+                Some(spec_for("other", behind, Some(0))),
                 s(0),
+                Step::Wait,
+            ),
+            (
+                "zero duration, below the own TTL",
+                Some(spec_for("other", behind, Some(0))),
+                ms(14_999),
+                Step::Wait,
+            ),
+            (
+                "zero duration, own TTL reached",
+                Some(spec_for("other", behind, Some(0))),
+                s(15),
+                Step::Acquire,
+            ),
+            (
+                "negative duration",
+                Some(spec_for("other", behind, Some(-5))),
+                ms(14_999),
+                Step::Wait,
+            ),
+            (
+                "negative duration, own TTL reached",
+                Some(spec_for("other", behind, Some(-5))),
+                s(15),
+                Step::Acquire,
+            ),
+            (
+                "no duration",
+                Some(spec_for("other", behind, None)),
+                ms(14_999),
+                Step::Wait,
+            ),
+            (
+                "no duration, own TTL reached",
+                Some(spec_for("other", behind, None)),
+                s(15),
+                Step::Acquire,
+            ),
+            (
+                "never renewed, just seen",
+                Some(spec_for("other", None, Some(15))),
+                s(0),
+                Step::Wait,
+            ),
+            (
+                "never renewed, unchanged for its duration",
+                Some(spec_for("other", None, Some(15))),
+                s(15),
                 Step::Acquire,
             ),
         ];
         for (what, lease, unchanged, want) in cases {
-            assert_eq!(step(lease.as_ref(), "me", now, unchanged), want, "{what}");
+            assert_eq!(step(lease.as_ref(), "me", ttl, unchanged), want, "{what}");
         }
     }
 

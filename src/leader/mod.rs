@@ -127,10 +127,11 @@ pub struct LeaderArgs {
         default_value = "kube-overcommit-leader"
     )]
     pub lease_name: String,
-    /// How long a Lease is valid without renewal.
+    /// How long a Lease is valid without renewal: whole seconds, more than 2.2 x
+    /// --lease-renew (`election::check_timing`).
     #[arg(long, env = "KUBE_OVERCOMMIT_LEASE_TTL", default_value = "15s", value_parser = duration_arg)]
     pub lease_ttl: Duration,
-    /// How often the Lease (and each replica report) is renewed.
+    /// How often the Lease (and each replica report) is renewed: whole seconds, at least 1s.
     #[arg(long, env = "KUBE_OVERCOMMIT_LEASE_RENEW", default_value = "5s", value_parser = duration_arg)]
     pub lease_renew: Duration,
     /// Identity in the Leases (default: POD_NAME, else the hostname).
@@ -160,8 +161,8 @@ pub struct LeaderArgs {
 /// Why the leader part could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
-    #[error("--lease-renew ({renew:?}) must be shorter than --lease-ttl ({ttl:?})")]
-    RenewNotShorter { renew: Duration, ttl: Duration },
+    #[error(transparent)]
+    LeaseTiming(#[from] election::TimingError),
     #[error("--leaf-validity must be at least 3 s and not longer than --ca-validity")]
     Validity,
     #[error("no identity: set --identity or POD_NAME (the hostname could not be read)")]
@@ -172,12 +173,7 @@ pub enum LeaderError {
 
 impl LeaderArgs {
     pub fn validate(&self) -> Result<(), LeaderError> {
-        if self.lease_renew >= self.lease_ttl || self.lease_renew.is_zero() {
-            return Err(LeaderError::RenewNotShorter {
-                renew: self.lease_renew,
-                ttl: self.lease_ttl,
-            });
-        }
+        election::check_timing(self.lease_ttl, self.lease_renew)?;
         if self.leaf_validity < Duration::from_secs(3) || self.leaf_validity > self.ca_validity {
             return Err(LeaderError::Validity);
         }
