@@ -436,7 +436,7 @@ impl Metrics {
         );
         root.register(
             "usage_fallbacks",
-            "Node reviews under a usage policy where a resource took the fallback (nodeRatios or raw) instead of following usage, by reason: no_sample, stale (newest sample older than its window plus 3 x --usage-interval, by its own timestamp), metrics_failing, not_synced",
+            "Node reviews under a usage policy where a resource took the fallback (nodeRatios or raw) instead of following usage, by reason: no_sample, stale (newest sample older than its window plus 3 x --usage-interval, by its own timestamp), metrics_failing, not_synced, future_sample (the last sample was stamped over 30 s ahead of this clock), above_capacity (peak usage above the node's capacity)",
             fallbacks_family,
         );
         root.register(

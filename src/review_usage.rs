@@ -142,6 +142,9 @@ pub fn usage_input(
             metrics_failing: input.metrics_failing,
             sample_age_ms: Some(sample_age_ms),
             sample_window_ms,
+            // The review's node gives the capacity; a sample ahead of the clock cannot be given.
+            sample_lead_ms: 0,
+            capacity: None,
             poll_interval_ms,
             requested: units("requested", &given.requested)?,
             peak_usage: units("peakUsage", &given.peak_usage)?,
@@ -206,6 +209,8 @@ mod tests {
                         metrics_failing: true,
                         sample_age_ms: Some(120_000),
                         sample_window_ms: 15_000,
+                        sample_lead_ms: 0,
+                        capacity: None,
                         poll_interval_ms: 10_000,
                         requested: 1,
                         peak_usage: 0,

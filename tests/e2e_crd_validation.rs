@@ -193,6 +193,19 @@ fn crd_validates_policies_on_the_real_api_server() {
             "usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"11\"}}",
             "spec.usage.maxRatios.cpu",
         ),
+        // Memory's ceiling is 2 unless allowHighMemoryRatio says otherwise, and never above 10.
+        (
+            "usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"2.5\"}}",
+            "maxRatios.memory above 2 needs allowHighMemoryRatio: true",
+        ),
+        (
+            "usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"2.000001\"}, allowHighMemoryRatio: false}",
+            "maxRatios.memory above 2 needs allowHighMemoryRatio: true",
+        ),
+        (
+            "usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"11\"}, allowHighMemoryRatio: true}",
+            "spec.usage.maxRatios.memory",
+        ),
         (
             "usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"2\"}, window: 59s}",
             "window must be from 1m to 24h",
@@ -264,30 +277,25 @@ fn crd_validates_policies_on_the_real_api_server() {
     let usage = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: usage}\nspec:\n  nodeSelector: {matchLabels: {pool: none}}\n  nodeRatios: {cpu: \"4\", memory: \"1.5\", pods: \"2\"}\n  usage: {targetUtilization: {cpu: \"100%\", memory: \"1%\"}, maxRatios: {cpu: \"4\", memory: \"1.5\"}, window: 1h30m, minChange: \"50%\"}\n";
     let out = cp.kubectl(&["apply", "-f", "-"], Some(usage));
     assert!(out.status.success(), "usage policy refused: {}", text(&out));
+    // Memory at its default ceiling, and above it when the policy says so.
+    stored_and_read_back(
+        &cp,
+        "memory",
+        &[
+            "{usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"2\"}}}",
+            "{usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"10\"}, allowHighMemoryRatio: true}}",
+        ],
+    );
     // A cap at or above the ratio (1.1 and 110% in floats: 110.00000000000001 > 110) is
     // stored by the API server and accepted by the code, at both ends of the percent range.
-    for spec in [
-        "{nodeRatios: {cpu: \"1.1\"}, requestCap: {cpu: \"110%\", memory: \"50%\"}, capMode: Warn}",
-        "{nodeRatios: {cpu: \"10\"}, requestCap: {cpu: \"1000%\"}}",
-    ] {
-        let yaml = format!(
-            "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {{name: capped}}\nspec:\n  {spec}\n"
-        );
-        let out = cp.kubectl(&["apply", "-f", "-"], Some(&yaml));
-        assert!(
-            out.status.success(),
-            "API server refused {spec}: {}",
-            text(&out)
-        );
-        let out = cp.kubectl(&["get", "overcommitpolicy", "capped", "-o", "yaml"], None);
-        assert!(out.status.success(), "{}", text(&out));
-        let stored = String::from_utf8_lossy(&out.stdout);
-        if let Err(e) = parse_policy_file(&stored).and_then(PolicySet::new) {
-            panic!("stored capped policy does not read back: {e}\n{stored}");
-        }
-    }
-    let out = cp.kubectl(&["delete", "overcommitpolicy", "capped"], None);
-    assert!(out.status.success(), "{}", text(&out));
+    stored_and_read_back(
+        &cp,
+        "capped",
+        &[
+            "{nodeRatios: {cpu: \"1.1\"}, requestCap: {cpu: \"110%\", memory: \"50%\"}, capMode: Warn}",
+            "{nodeRatios: {cpu: \"10\"}, requestCap: {cpu: \"1000%\"}}",
+        ],
+    );
 
     // What the API server stores reads back as a valid policy set.
     let mut stored = String::new();
@@ -304,4 +312,28 @@ fn crd_validates_policies_on_the_real_api_server() {
         ),
         Err(e) => panic!("stored policies do not read back: {e}\n{stored}"),
     }
+}
+
+/// Each spec, in turn as the policy `name`, is stored by the API server and what it stores is
+/// accepted by the code; the policy is deleted after.
+fn stored_and_read_back(cp: &ControlPlane, name: &str, specs: &[&str]) {
+    for spec in specs {
+        let yaml = format!(
+            "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {{name: {name}}}\nspec:\n  {spec}\n"
+        );
+        let out = cp.kubectl(&["apply", "-f", "-"], Some(&yaml));
+        assert!(
+            out.status.success(),
+            "API server refused {spec}: {}",
+            text(&out)
+        );
+        let out = cp.kubectl(&["get", "overcommitpolicy", name, "-o", "yaml"], None);
+        assert!(out.status.success(), "{}", text(&out));
+        let stored = String::from_utf8_lossy(&out.stdout);
+        if let Err(e) = parse_policy_file(&stored).and_then(PolicySet::new) {
+            panic!("stored policy {name} does not read back: {e}\n{stored}");
+        }
+    }
+    let out = cp.kubectl(&["delete", "overcommitpolicy", name], None);
+    assert!(out.status.success(), "{}", text(&out));
 }

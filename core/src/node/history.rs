@@ -9,11 +9,15 @@
 //! - Samples older than `keep` (the longest window of any policy) are dropped on each poll;
 //!   a node without samples left is forgotten.
 //! - Until one poll has succeeded, views are not synced (the rule keeps what is written).
+//! - A sample stamped more than `usage::MAX_SAMPLE_LEAD_MS` ahead of `now` when listed is not
+//!   kept: it would never age, and as the newest it would hide every later sample. The node's
+//!   view says how far ahead it was (the rule falls back, `FutureSample`) until a plausible
+//!   sample of the node is listed, or for `keep` if the node is not listed again.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use super::usage::{NodeUsage, UsageView};
+use super::usage::{MAX_SAMPLE_LEAD_MS, NodeUsage, UsageView};
 
 /// One node's usage at one time, in the rule's units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +43,11 @@ pub enum Poll<'p> {
 struct NodeSamples {
     /// Oldest first.
     samples: VecDeque<Sample>,
+    /// How far ahead the node's last listed sample was stamped, when it was refused for it
+    /// (0: the last listed sample was plausible).
+    refused_lead_ms: u64,
+    /// When the node was last listed.
+    listed_ms: i64,
 }
 
 /// Samples per node, for the longest window in force.
@@ -98,6 +107,13 @@ impl UsageHistory {
                         Some(node) => node,
                         None => self.nodes.entry((*name).to_string()).or_default(),
                     };
+                    node.listed_ms = now_ms;
+                    let lead = u64::try_from(sample.at_ms.saturating_sub(now_ms)).unwrap_or(0);
+                    if lead > MAX_SAMPLE_LEAD_MS {
+                        node.refused_lead_ms = lead;
+                        continue;
+                    }
+                    node.refused_lead_ms = 0;
                     // metrics-server may list the same scrape twice: keep one.
                     if node
                         .samples
@@ -114,7 +130,10 @@ impl UsageHistory {
             while node.samples.front().is_some_and(|s| s.at_ms < oldest) {
                 node.samples.pop_front();
             }
-            !node.samples.is_empty()
+            if node.listed_ms < oldest {
+                node.refused_lead_ms = 0;
+            }
+            !node.samples.is_empty() || node.refused_lead_ms > 0
         });
     }
 
@@ -147,6 +166,8 @@ impl UsageHistory {
             metrics_failing: self.last_failed,
             sample_age_ms: newest.map(age),
             sample_window_ms: newest.map_or(0, |s| s.window_ms),
+            sample_lead_ms: samples.map_or(0, |n| n.refused_lead_ms),
+            capacity: None,
             poll_interval_ms: self.poll_interval_ms,
             requested,
             peak_usage: u128::from(peak_usage),
@@ -261,6 +282,51 @@ mod tests {
         // 10 s window + 3 x 30 s: the first poll past 100 s.
         assert_eq!(stale_at, Some(120_000));
         assert_eq!(history.nodes.get("a").map(|n| n.samples.len()), Some(1));
+    }
+
+    /// A sample stamped over 30 s ahead is refused (not kept, the view says how far ahead)
+    /// until a plausible one is listed; it never hides later samples.
+    #[test]
+    fn a_sample_from_the_future_is_refused() {
+        let mut history = UsageHistory::new(Duration::from_secs(10 * 60), Duration::from_secs(30));
+        let lead = |h: &UsageHistory, now| cpu(h, "a", 15, now).map(|v| v.sample_lead_ms);
+        // (listed at, sample stamped at, view's lead, samples kept)
+        let cases = [
+            (0, 30_000, 0, 1),                // exactly 30 s ahead: kept
+            (MIN, 2 * MIN + 1, MIN + 1, 1),   // over 30 s ahead: refused, said
+            (2 * MIN, 2 * MIN - 1_000, 0, 2), // a plausible one: kept, nothing said
+            (
+                3 * MIN,
+                3 * MIN + 365 * 24 * 60 * MIN,
+                365 * 24 * 60 * MIN,
+                2,
+            ), // a year ahead
+            (4 * MIN, 4 * MIN, 0, 3),         // not hidden by the refused one
+        ];
+        for (now, at, want_lead, kept) in cases {
+            history.record(now, Poll::Listed(&[("a", sample(at, 900, 10))]));
+            assert_eq!(
+                lead(&history, now),
+                Some(u64::try_from(want_lead).unwrap_or(0)),
+                "at {now}"
+            );
+            assert_eq!(
+                history.nodes.get("a").map(|n| n.samples.len()),
+                Some(kept),
+                "at {now}"
+            );
+        }
+        // A node only ever listed from the future: no sample, said; forgotten after `keep`
+        // without another listing.
+        history.record(5 * MIN, Poll::Listed(&[("b", sample(6 * MIN, 1, 1))]));
+        let b = cpu(&history, "b", 15, 5 * MIN);
+        assert_eq!(
+            b.map(|v| (v.sample_age_ms, v.sample_lead_ms)),
+            Some((None, 60_000))
+        );
+        history.record(16 * MIN, Poll::Listed(&[]));
+        assert_eq!(lead(&history, 16 * MIN), Some(0));
+        assert!(!history.nodes.contains_key("b"));
     }
 
     #[test]

@@ -269,10 +269,11 @@ pub fn decide_with_usage(
                     .as_ref()
                     .filter(|((_, recorded_raw), _)| *recorded_raw == raw)
                     .map(|(_, written)| written);
-                let view = usage.and_then(|u| u.get(resource)).unwrap_or(UsageView {
+                let mut view = usage.and_then(|u| u.get(resource)).unwrap_or(UsageView {
                     synced: true,
                     ..UsageView::default()
                 });
+                view.capacity = capacity_units(resource, node.capacity);
                 let decision = usage::usage_allocatable(
                     resource,
                     &raw,
@@ -432,6 +433,14 @@ fn check_capacity(
         }),
         _ => Ok(()),
     }
+}
+
+/// The node's capacity of `resource` in the usage rule's unit (cpu: millicores, others: whole
+/// units); None when absent or unreadable (no evidence for the rule's plausibility check).
+fn capacity_units(resource: &str, capacity: Option<&StrMap<'_>>) -> Option<u128> {
+    let text = capacity?.get(resource)?;
+    let scale = if resource == "cpu" { 3 } else { 0 };
+    Quantity::parse(text).ok()?.to_units_floor(scale).ok()
 }
 
 /// Operations that make the node's annotations what they should be (none: no policy applies).

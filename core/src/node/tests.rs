@@ -1060,6 +1060,38 @@ fn usage_annotation_records_the_value_written() {
     );
 }
 
+/// The node's own capacity (cpu 4) bounds plausible usage: a peak above it takes the fallback
+/// (nodeRatios x 2), at it follows usage; a node without a readable capacity is not checked.
+#[test]
+fn usage_above_the_nodes_capacity_takes_the_fallback() {
+    let set = policies(USAGE_POLICIES);
+    let incoming = node(batch(), None, raw_allocatable());
+    let unreadable = with(incoming.clone(), "/status/capacity/cpu", json!("lots"));
+    // (node, peak usage in millicores, cpu written, explain says)
+    let cases = [
+        (
+            &incoming,
+            4001,
+            "7840m",
+            "usage fallback (above_capacity: peak usage 4001m above capacity 4): x 2",
+        ),
+        (&incoming, 4000, "3920m", "from usage"),
+        (&unreadable, 4001, "3920m", "from usage"),
+    ];
+    for (node, peak, cpu, says) in cases {
+        let decision = decide_usage_json(node, None, &set, Some(&cpu_usage(3000, peak)))
+            .unwrap_or_else(|e| panic!("{peak}: {e}"));
+        let stored = apply(node, &decision.patch);
+        assert_eq!(
+            stored.pointer("/status/allocatable/cpu"),
+            Some(&json!(cpu)),
+            "{peak}"
+        );
+        let explained = decision.explain();
+        assert!(explained.contains(says), "{peak}: {explained}");
+    }
+}
+
 #[test]
 fn explain_says_which_usage_value_applied() {
     let set = policies(USAGE_POLICIES);

@@ -18,6 +18,10 @@
 //!    intervals, so a node whose metrics stop changing goes stale even while metrics-server
 //!    keeps listing the old sample) or **the metrics API failing**: the policy's `nodeRatios`
 //!    ratio for the resource applies (raw when it has none), and the reason says which.
+//!    **Implausible samples** are refused the same way: a sample stamped more than
+//!    [`MAX_SAMPLE_LEAD_MS`] ahead of this replica's clock when listed (it would never go stale:
+//!    `FutureSample`), or a peak usage above the node's capacity of the resource (no node uses
+//!    more than it has: `AboveCapacity`).
 //! 4. **Caches not synced** (the replica's pod index or metrics have not been read once yet):
 //!    the stored value is kept when it is within [raw, ceiling]; otherwise (first write, or raw
 //!    moved) as in 3, with the reason `NotSynced`.
@@ -35,6 +39,11 @@ pub const STALE_AFTER_POLLS: u64 = 3;
 
 /// The default poll interval (`--usage-interval`).
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 30_000;
+
+/// A sample stamped further than this ahead of this replica's clock (when listed) is refused.
+/// Clocks kept by NTP differ by milliseconds; 30 s tolerates a badly kept node clock, yet a
+/// sample within it stays fresh at most one default poll interval longer than it should.
+pub const MAX_SAMPLE_LEAD_MS: u64 = 30_000;
 
 /// Whether a sample is stale: `age_ms` is now minus its timestamp (the end of the interval it
 /// was measured over), `window_ms` that interval (metrics-server's scrape period: a newer
@@ -57,6 +66,12 @@ pub struct UsageView {
     pub sample_age_ms: Option<u64>,
     /// That sample's window (the interval it was measured over).
     pub sample_window_ms: u64,
+    /// How far ahead of this replica's clock the node's last listed sample was stamped when it
+    /// was listed, if more than [`MAX_SAMPLE_LEAD_MS`] (that sample was refused; 0 otherwise).
+    pub sample_lead_ms: u64,
+    /// The node's capacity of the resource (`status.capacity`, filled in by the node rule from
+    /// the reviewed Node); None when absent or unreadable.
+    pub capacity: Option<u128>,
     /// How often the metrics API is polled (`--usage-interval`).
     pub poll_interval_ms: u64,
     /// Sum of the requests of the node's non-terminal pods.
@@ -73,6 +88,8 @@ impl UsageView {
             metrics_failing: false,
             sample_age_ms: Some(0),
             sample_window_ms: 0,
+            sample_lead_ms: 0,
+            capacity: None,
             poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
             requested,
             peak_usage,
@@ -109,15 +126,21 @@ pub enum FallbackReason {
     MetricsFailing,
     /// This replica's caches have not synced, and no stored value could be kept.
     NotSynced,
+    /// The node's last listed sample was stamped more than `MAX_SAMPLE_LEAD_MS` ahead.
+    FutureSample,
+    /// The peak usage in the window is above the node's capacity.
+    AboveCapacity,
 }
 
 impl FallbackReason {
     /// Every reason, for metrics that list each one.
-    pub const ALL: [FallbackReason; 4] = [
+    pub const ALL: [FallbackReason; 6] = [
         FallbackReason::NoSample,
         FallbackReason::Stale,
         FallbackReason::MetricsFailing,
         FallbackReason::NotSynced,
+        FallbackReason::FutureSample,
+        FallbackReason::AboveCapacity,
     ];
 
     /// The metric label value.
@@ -127,6 +150,8 @@ impl FallbackReason {
             FallbackReason::Stale => "stale",
             FallbackReason::MetricsFailing => "metrics_failing",
             FallbackReason::NotSynced => "not_synced",
+            FallbackReason::FutureSample => "future_sample",
+            FallbackReason::AboveCapacity => "above_capacity",
         }
     }
 }
@@ -225,15 +250,8 @@ pub fn usage_allocatable(
             None => fallback_value(FallbackReason::NotSynced),
         };
     }
-    if view.metrics_failing {
-        return fallback_value(FallbackReason::MetricsFailing);
-    }
-    match view.sample_age_ms {
-        None => return fallback_value(FallbackReason::NoSample),
-        Some(age) if is_stale(age, view.sample_window_ms, view.poll_interval_ms) => {
-            return fallback_value(FallbackReason::Stale);
-        }
-        Some(_) => {}
+    if let Some(reason) = untrusted(view) {
+        return fallback_value(reason);
     }
     let overflow = || QuantityError::Overflow(raw.to_string());
     let room = raw.scaled_floor(scale, u128::from(target.target.value), 100)?;
@@ -261,6 +279,28 @@ pub fn usage_allocatable(
             source: UsageSource::Usage,
         },
     })
+}
+
+/// Why the view's usage cannot be followed (metrics failing, no sample, a refused or stale
+/// sample, usage above capacity), if it can't.
+fn untrusted(view: &UsageView) -> Option<FallbackReason> {
+    if view.metrics_failing {
+        return Some(FallbackReason::MetricsFailing);
+    }
+    // Before NoSample: a refused sample may have been the node's only one.
+    if view.sample_lead_ms > MAX_SAMPLE_LEAD_MS {
+        return Some(FallbackReason::FutureSample);
+    }
+    let Some(age) = view.sample_age_ms else {
+        return Some(FallbackReason::NoSample);
+    };
+    if is_stale(age, view.sample_window_ms, view.poll_interval_ms) {
+        return Some(FallbackReason::Stale);
+    }
+    if view.capacity.is_some_and(|c| view.peak_usage > c) {
+        return Some(FallbackReason::AboveCapacity);
+    }
+    None
 }
 
 /// How a resource's value was reached, for `review --explain` (`by_ratio`: how the fallback
@@ -293,6 +333,16 @@ pub(super) fn explain(
             seconds(view.sample_age_ms.unwrap_or(0)),
             seconds(view.sample_window_ms),
             seconds(view.poll_interval_ms),
+        ),
+        UsageSource::Fallback(FallbackReason::FutureSample) => format!(
+            "usage fallback (future_sample: last sample stamped {}s ahead of this clock, more than {}s): {by_ratio}",
+            seconds(view.sample_lead_ms),
+            seconds(MAX_SAMPLE_LEAD_MS),
+        ),
+        UsageSource::Fallback(FallbackReason::AboveCapacity) => format!(
+            "usage fallback (above_capacity: peak usage {} above capacity {}): {by_ratio}",
+            amount(view.peak_usage),
+            amount(view.capacity.unwrap_or(0)),
         ),
         UsageSource::Fallback(reason) => {
             format!("usage fallback ({}): {by_ratio}", reason.as_str())
@@ -506,6 +556,77 @@ mod tests {
                 allocatable: "16",
                 source: fb(FallbackReason::NotSynced),
                 ..case("not synced, stored above ceiling", "16", view(0, 0))
+            },
+            // Implausible samples: refused like stale ones.
+            Case {
+                view: UsageView {
+                    sample_lead_ms: 30_001,
+                    ..view(12_000, 3_000)
+                },
+                fallback: Some("1.5"),
+                allocatable: "24",
+                source: fb(FallbackReason::FutureSample),
+                ..case("last sample stamped over 30 s ahead", "16", view(0, 0))
+            },
+            Case {
+                view: UsageView {
+                    sample_lead_ms: 60_000,
+                    sample_age_ms: None,
+                    ..view(12_000, 3_000)
+                },
+                allocatable: "16",
+                source: fb(FallbackReason::FutureSample),
+                ..case("the only sample refused, a minute ahead", "16", view(0, 0))
+            },
+            Case {
+                view: UsageView {
+                    sample_lead_ms: 30_000,
+                    ..view(12_000, 3_000)
+                },
+                allocatable: "18600m",
+                ..case("30 s ahead is within the skew", "16", view(0, 0))
+            },
+            Case {
+                view: UsageView {
+                    capacity: Some(16_000),
+                    ..view(12_000, 16_001)
+                },
+                fallback: Some("1.5"),
+                allocatable: "24",
+                source: fb(FallbackReason::AboveCapacity),
+                ..case("usage above capacity", "16", view(0, 0))
+            },
+            Case {
+                view: UsageView {
+                    capacity: Some(17_000),
+                    ..view(30_000, 17_000)
+                },
+                allocatable: "22600m",
+                ..case(
+                    "usage at capacity (above raw) is plausible",
+                    "16",
+                    view(0, 0),
+                )
+            },
+            Case {
+                view: UsageView {
+                    capacity: None,
+                    ..view(12_000, 1_000_000)
+                },
+                allocatable: "16",
+                ..case("capacity unknown: no evidence", "16", view(0, 0))
+            },
+            Case {
+                resource: "memory",
+                target: (75, "1.5"),
+                view: UsageView {
+                    capacity: Some(17 << 30),
+                    ..view(4 << 30, (17 << 30) + 1)
+                },
+                fallback: Some("1.25"),
+                allocatable: "20Gi",
+                source: fb(FallbackReason::AboveCapacity),
+                ..case("memory above capacity", "16Gi", view(0, 0))
             },
             // Memory: whole bytes, printed in the raw value's format.
             Case {

@@ -401,7 +401,13 @@ fn unknown_field(document: &serde_yaml::Value) -> Option<String> {
         check(
             spec.and_then(|s| s.get("usage")),
             "spec.usage",
-            &["targetUtilization", "maxRatios", "window", "minChange"],
+            &[
+                "targetUtilization",
+                "maxRatios",
+                "window",
+                "minChange",
+                "allowHighMemoryRatio",
+            ],
         )
     })
     .or_else(|| {

@@ -4,7 +4,7 @@
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 
-use super::usage::{MIN_CHANGE_PATTERN, TARGET_PATTERN, WINDOW_PATTERN};
+use super::usage::{MEMORY_CEILING_RULE, MIN_CHANGE_PATTERN, TARGET_PATTERN, WINDOW_PATTERN};
 use super::validate::MAX_NODE_RATIOS;
 use crate::quantity::Ratio;
 
@@ -109,7 +109,7 @@ pub(super) fn usage(_: &mut SchemaGenerator) -> Schema {
                 "additionalProperties": {"type": "string", "maxLength": 4, "pattern": TARGET_PATTERN}
             },
             "maxRatios": {
-                "description": "Every targeted resource -> ceiling of allocatable as a multiple of the kubelet's value, a decimal string from 1 to 10 with at most 6 decimals.",
+                "description": "Every targeted resource -> ceiling of allocatable as a multiple of the kubelet's value, a decimal string from 1 to 10 with at most 6 decimals; memory at most 2 unless allowHighMemoryRatio is true.",
                 "type": "object",
                 "maxProperties": 2,
                 "additionalProperties": {"type": "string", "maxLength": 9, "pattern": Ratio::PATTERN}
@@ -129,6 +129,10 @@ pub(super) fn usage(_: &mut SchemaGenerator) -> Schema {
                 "type": "string",
                 "maxLength": 3,
                 "pattern": MIN_CHANGE_PATTERN
+            },
+            "allowHighMemoryRatio": {
+                "description": "Lets maxRatios.memory go above 2, up to 10 (default false): memory lent beyond what the node has is taken back only by OOM kills and evictions.",
+                "type": "boolean"
             }
         },
         "x-kubernetes-validations": [
@@ -143,6 +147,10 @@ pub(super) fn usage(_: &mut SchemaGenerator) -> Schema {
             {
                 "rule": "self.maxRatios.all(k, k in self.targetUtilization)",
                 "message": "maxRatios may name targeted resources only"
+            },
+            {
+                "rule": MEMORY_CEILING_RULE,
+                "message": "maxRatios.memory above 2 needs allowHighMemoryRatio: true (memory lent beyond what the node has is taken back only by OOM kills and evictions)"
             }
         ]
     })

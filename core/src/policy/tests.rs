@@ -46,6 +46,10 @@ fn accepts_valid_policies() {
         "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}",
         "  usage: {targetUtilization: {cpu: \"1%\", memory: \"100%\"}, maxRatios: {cpu: \"10\", memory: \"1\"}, window: 1h30m, minChange: \"0%\"}",
         "  usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"1.5\"}, window: 24h, minChange: \"50%\"}",
+        "  usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"2\"}}",
+        "  usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"2.5\"}, allowHighMemoryRatio: true}",
+        "  usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"10\"}, allowHighMemoryRatio: true}",
+        "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"10\"}, allowHighMemoryRatio: false}",
         "  nodeRatios: {cpu: \"4\", pods: \"3\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}, window: 1m}",
     ];
     for spec in specs {
@@ -217,6 +221,22 @@ fn refuses_invalid_policies_with_a_clear_message() {
             "ok",
             "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"11\"}}",
             "maxRatios[cpu]",
+        ),
+        // Memory: at most 2 unless allowHighMemoryRatio says otherwise; never above 10.
+        (
+            "ok",
+            "  usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"2.000001\"}}",
+            "spec.usage.maxRatios[memory] 2.000001 is above 2: memory lent beyond what the node has is taken back only by OOM kills and evictions; set spec.usage.allowHighMemoryRatio: true to allow up to 10",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"4\"}, allowHighMemoryRatio: false}",
+            "spec.usage.maxRatios[memory] 4 is above 2",
+        ),
+        (
+            "ok",
+            "  usage: {targetUtilization: {memory: \"75%\"}, maxRatios: {memory: \"11\"}, allowHighMemoryRatio: true}",
+            "maxRatios[memory]",
         ),
         (
             "ok",
@@ -523,6 +543,7 @@ fn crd_is_cluster_scoped_with_the_validations_the_code_applies() {
         "duration(self) >= duration('1m') && duration(self) <= duration('24h')",
         "double(self.nodeRatios[k]) <= double(self.usage.maxRatios[k])",
         "self.targetUtilization.all(k, k in self.maxRatios)",
+        "<= 2.0 || (has(self.allowHighMemoryRatio) && self.allowHighMemoryRatio)",
     ] {
         assert!(yaml.contains(needle), "CRD lacks {needle:?}");
     }

@@ -4,7 +4,10 @@
 //!
 //! - `targetUtilization`: cpu and/or memory -> whole percent, `1%` to `100%`; at least one.
 //! - `maxRatios`: exactly the targeted resources -> ceiling of allocatable as a multiple of the
-//!   kubelet's value, a ratio from 1 to 10 (the grammar of `nodeRatios`).
+//!   kubelet's value, a ratio from 1 to 10 (the grammar of `nodeRatios`); memory at most
+//!   [`MEMORY_MAX_RATIO`] unless `allowHighMemoryRatio: true`: memory lent beyond what the node
+//!   has is taken back only by OOM kills and evictions, so going further is said explicitly.
+//! - `allowHighMemoryRatio`: lets `maxRatios.memory` go up to 10 (default false).
 //! - `window`: how far back the peak usage is taken, `<integer><unit>` groups with units ms, s,
 //!   m, h (the project's duration grammar without bare seconds and days, so that the API
 //!   server's CEL `duration()` reads it the same way), 1m to 24h; default 15m.
@@ -34,6 +37,11 @@ pub(crate) const DEFAULT_WINDOW: &str = "15m";
 pub(crate) const DEFAULT_MIN_CHANGE: &str = "5%";
 /// Allowed `targetUtilization` percents.
 pub(crate) const TARGET_RANGE: std::ops::RangeInclusive<u32> = 1..=100;
+/// The highest `maxRatios.memory` without `allowHighMemoryRatio: true`, as written and in
+/// millionths.
+pub(crate) const MEMORY_MAX_RATIO: (&str, u128) = ("2", 2_000_000);
+/// The CRD's rule for the same (both sides decimal strings the patterns have checked).
+pub(super) const MEMORY_CEILING_RULE: &str = "!('memory' in self.maxRatios) || double(self.maxRatios['memory']) <= 2.0 || (has(self.allowHighMemoryRatio) && self.allowHighMemoryRatio)";
 /// Allowed `minChange` percents.
 pub(crate) const MIN_CHANGE_RANGE: std::ops::RangeInclusive<u32> = 0..=50;
 
@@ -53,7 +61,8 @@ pub struct UsageSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub target_utilization: BTreeMap<String, String>,
     /// Every targeted resource -> ceiling of allocatable as a multiple of the kubelet's value,
-    /// a decimal string from 1 to 10 with at most 6 decimals.
+    /// a decimal string from 1 to 10 with at most 6 decimals; memory at most 2 unless
+    /// `allow_high_memory_ratio`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub max_ratios: BTreeMap<String, String>,
     /// Usage is the peak of the samples in this window: 1m to 24h, e.g. 15m, 1h30m (default
@@ -64,6 +73,9 @@ pub struct UsageSpec {
     /// whole percent from 0% to 50% (default 5%).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_change: Option<String>,
+    /// Lets `maxRatios.memory` go above 2, up to 10 (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_high_memory_ratio: Option<bool>,
 }
 
 /// A percent as written (`60%`) and its value.
@@ -121,6 +133,17 @@ pub(super) fn compile(
         };
         let max_ratio =
             Ratio::parse(max_text).map_err(|e| format!("spec.usage.maxRatios[{resource}]: {e}"))?;
+        if resource == "memory"
+            && max_ratio.millionths() > MEMORY_MAX_RATIO.1
+            && usage.allow_high_memory_ratio != Some(true)
+        {
+            return Err(format!(
+                "spec.usage.maxRatios[memory] {max_text} is above {}: memory lent beyond what the \
+                 node has is taken back only by OOM kills and evictions; set \
+                 spec.usage.allowHighMemoryRatio: true to allow up to 10",
+                MEMORY_MAX_RATIO.0
+            ));
+        }
         if let Some((fallback_text, fallback_ratio)) = fallback.get(resource)
             && *fallback_ratio > max_ratio
         {
