@@ -21,6 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
+use super::cert_source::{self, CertSource};
 use super::certs::{self, CertError, CertInfo, Fingerprint};
 use super::compiled_upkeep::Compiled;
 use super::election::{Claim, NotLeader};
@@ -63,6 +64,7 @@ pub struct ControllerSettings {
     pub leaf_validity: Duration,
     pub check_interval: Duration,
     pub propagation_delay: Duration,
+    pub cert_source: CertSource,
     pub webhook: WebhookSettings,
 }
 
@@ -172,7 +174,11 @@ impl Controller {
                 out.push(tokio::spawn(notify_on(stream, wake.clone())));
             }
         }
-        for name in [&self.s.ca_secret, &self.s.serving_secret] {
+        let own_ca = self.s.cert_source == CertSource::Leader;
+        for name in [&self.s.ca_secret, &self.s.serving_secret]
+            .into_iter()
+            .filter(|_| own_ca)
+        {
             let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
             let stream = watcher(self.secrets.clone(), cfg).default_backoff();
             out.push(tokio::spawn(notify_on(stream, wake.clone())));
@@ -182,6 +188,9 @@ impl Controller {
 
     /// Steps until the decision is to wait; returns when to look again.
     async fn tick(&self) -> Result<Timestamp, ControllerError> {
+        if self.s.cert_source == CertSource::CertManager {
+            return self.tick_cert_manager().await;
+        }
         for _ in 0..16 {
             self.claim.check()?;
             let ca_secret = self.secrets.get_opt(&self.s.ca_secret).await?;
@@ -222,6 +231,17 @@ impl Controller {
         Ok(now())
     }
 
+    /// cert-manager keeps the Secret and cainjector the caBundle: only the configurations (with
+    /// the live caBundle copied) and the compiled policy are kept; no CA, no rotation.
+    async fn tick_cert_manager(&self) -> Result<Timestamp, ControllerError> {
+        self.claim.check()?;
+        let none = store::read_ca(None);
+        let live = self.upkeep_config(&none).await?;
+        self.upkeep_validating(&none, live).await?;
+        self.upkeep_compiled().await?;
+        Ok(now() + jiff::SignedDuration::try_from(RESYNC).unwrap_or_default())
+    }
+
     /// Create or repair the webhook configuration from the trusted CAs; returns the fingerprints
     /// in its caBundle as it now stands (None: it does not exist).
     async fn upkeep_config(
@@ -229,10 +249,11 @@ impl Controller {
         ca: &CaMaterial,
     ) -> Result<Option<Vec<Fingerprint>>, ControllerError> {
         let actual = self.configs.get_opt(&self.s.webhook.config_name).await?;
-        let Some(trusted) = trusted_pem(ca) else {
+        let live = actual.as_ref().and_then(webhook_config::live_ca_bundle);
+        let Some(bundle) = cert_source::bundle_to_write(self.s.cert_source, ca, live) else {
             return Ok(actual.as_ref().map(bundle_fingerprints));
         };
-        let want = webhook_config::desired(&self.s.webhook, trusted.as_bytes());
+        let want = webhook_config::desired(&self.s.webhook, &bundle);
         let written = match actual {
             None => {
                 self.claim.check()?;
@@ -300,8 +321,9 @@ impl Controller {
     ) -> Result<Option<Vec<Fingerprint>>, ControllerError> {
         let name = self.s.webhook.config_name.clone();
         let actual = self.validating.get_opt(&name).await?;
-        let want = match trusted_pem(ca) {
-            Some(pem) => webhook_config::desired_validating(&self.s.webhook, pem.as_bytes()),
+        let live = actual.as_ref().and_then(webhook_config::live_ca_bundle);
+        let want = match cert_source::bundle_to_write(self.s.cert_source, ca, live) {
+            Some(bundle) => webhook_config::desired_validating(&self.s.webhook, &bundle),
             // No usable CA yet: nothing to build it from; the CA comes first.
             None if self.s.webhook.request_cap => {
                 return Ok(actual.as_ref().map(bundle_fingerprints));
@@ -602,17 +624,6 @@ impl Step<'_> {
             (Some(next), Some(key)) => Ok((next, key)),
             _ => Err(ControllerError::State(missing.into())),
         }
-    }
-}
-
-/// The PEM bundle of the CAs to trust now (None: no usable CA).
-fn trusted_pem(ca: &CaMaterial) -> Option<String> {
-    match &ca.state {
-        CaState::Present { current, next, .. } => {
-            let trusted: Vec<&CertInfo> = std::iter::once(current).chain(next.iter()).collect();
-            Some(certs::bundle_pem(&trusted))
-        }
-        _ => None,
     }
 }
 

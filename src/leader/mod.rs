@@ -33,6 +33,7 @@
 //!   watch of nodes (`raw_allocatable`: the pure reading of the annotation); cleared when
 //!   leadership is lost, so one replica per cluster exports it.
 
+pub mod cert_source;
 pub mod certs;
 pub mod compiled_policy;
 pub mod compiled_upkeep;
@@ -63,6 +64,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use self::cert_source::CertSource;
 use self::controller::{Controller, ControllerSettings};
 use self::election::{Claim, ElectionSettings};
 use self::in_process::InProcessContext;
@@ -153,6 +155,28 @@ pub struct LeaderArgs {
     /// timeoutSeconds of the webhooks, 1 to 5.
     #[arg(long, env = "KUBE_OVERCOMMIT_WEBHOOK_TIMEOUT_SECONDS", default_value = "2", value_parser = timeout_arg)]
     pub webhook_timeout_seconds: i32,
+    /// Where the serving certificate comes from: `leader` (its own CA, rotation, Secret and
+    /// caBundle) or `cert-manager` (a Certificate's Secret; cainjector fills the caBundle).
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_CERT_SOURCE",
+        value_enum,
+        default_value = "leader"
+    )]
+    pub cert_source: CertSource,
+    /// With --cert-source=cert-manager: the Certificate (in --namespace) whose CA cainjector
+    /// injects (`cert-manager.io/inject-ca-from`).
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_CERT_MANAGER_CERTIFICATE",
+        default_value = "kube-overcommit"
+    )]
+    pub cert_manager_certificate: String,
+    /// With --cert-source=cert-manager: inject `ca.crt` of this Secret instead
+    /// (`cert-manager.io/inject-ca-from-secret`), a trust bundle kept by the operator, for a CA
+    /// rotation with overlap.
+    #[arg(long, env = "KUBE_OVERCOMMIT_CERT_MANAGER_CA_SECRET")]
+    pub cert_manager_ca_secret: Option<String>,
     /// Run the leader election (default: on when a kube config is available).
     #[arg(long, env = "KUBE_OVERCOMMIT_LEADER_ELECTION")]
     pub leader_election: Option<bool>,
@@ -208,6 +232,7 @@ impl LeaderArgs {
             leaf_validity: self.leaf_validity,
             check_interval: self.check_interval,
             propagation_delay: self.propagation_delay,
+            cert_source: self.cert_source,
             webhook: self.webhook(),
         }
     }
@@ -219,6 +244,12 @@ impl LeaderArgs {
             service_name: self.service_name.clone(),
             timeout_seconds: self.webhook_timeout_seconds,
             request_cap: self.request_cap,
+            injection: cert_source::injection(
+                self.cert_source,
+                &self.namespace,
+                &self.cert_manager_certificate,
+                self.cert_manager_ca_secret.as_deref(),
+            ),
         }
     }
 }

@@ -46,6 +46,7 @@ use serde_json::{Value, json};
 
 use overcommit_core::policy::POD_DEFAULTS_NAMESPACE_LABEL;
 
+use super::cert_source::{INJECTION_ANNOTATIONS, Injection};
 use crate::webhook::VALIDATE_PATH;
 
 /// Label that opts an object out.
@@ -85,6 +86,8 @@ pub struct WebhookSettings {
     pub timeout_seconds: i32,
     /// Keep the ValidatingWebhookConfiguration of the placement cap (`serve --request-cap`).
     pub request_cap: bool,
+    /// `--cert-source=cert-manager`: cainjector's annotation on both configurations.
+    pub injection: Option<Injection>,
 }
 
 fn rule(operation: &str, resource: &str, scope: &str) -> RuleWithOperations {
@@ -117,7 +120,8 @@ fn webhook_at(
         name: name.into(),
         admission_review_versions: vec!["v1".into()],
         client_config: WebhookClientConfig {
-            ca_bundle: Some(ByteString(ca_bundle.to_vec())),
+            // Empty: not filled yet (cainjector's to fill, --cert-source=cert-manager).
+            ca_bundle: (!ca_bundle.is_empty()).then(|| ByteString(ca_bundle.to_vec())),
             service: Some(ServiceReference {
                 namespace: s.namespace.clone(),
                 name: s.service_name.clone(),
@@ -175,12 +179,21 @@ pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfigur
         match_labels: None,
     });
     MutatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(s.config_name.clone()),
-            labels: Some([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())].into()),
-            ..Default::default()
-        },
+        metadata: metadata(s),
         webhooks: Some(vec![nodes, pods]),
+    }
+}
+
+/// Name, managed-by label and (cert-manager) cainjector's annotation.
+fn metadata(s: &WebhookSettings) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(s.config_name.clone()),
+        labels: Some([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())].into()),
+        annotations: s
+            .injection
+            .as_ref()
+            .map(|(key, value)| [(key.to_string(), value.clone())].into()),
+        ..Default::default()
     }
 }
 
@@ -263,11 +276,7 @@ pub fn desired_validating(
     placed.rules = Some(vec![rule("CREATE", "pods", "Namespaced")]);
     placed.namespace_selector = namespaces;
     Some(ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(s.config_name.clone()),
-            labels: Some([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())].into()),
-            ..Default::default()
-        },
+        metadata: metadata(s),
         webhooks: Some(vec![validating(bindings), validating(placed)]),
     })
 }
@@ -280,7 +289,39 @@ pub fn validating_drift(
     let view = |c: &ValidatingWebhookConfiguration| -> Vec<MutatingWebhook> {
         c.webhooks.iter().flatten().map(as_mutating).collect()
     };
-    drift_of(&view(actual), &view(want))
+    let mut out = annotation_drift(&actual.metadata, &want.metadata);
+    out.extend(drift_of(&view(actual), &view(want)));
+    out
+}
+
+/// cainjector's annotations that differ from the wanted ones (pinned both ways: one left over
+/// from another source would make cainjector fight the leader over caBundle).
+fn annotation_drift(actual: &ObjectMeta, want: &ObjectMeta) -> Vec<String> {
+    let get =
+        |meta: &ObjectMeta, key: &str| meta.annotations.as_ref().and_then(|a| a.get(key)).cloned();
+    INJECTION_ANNOTATIONS
+        .iter()
+        .filter(|key| get(actual, key) != get(want, key))
+        .map(|key| format!("metadata.annotations[{key}]"))
+        .collect()
+}
+
+/// Put cainjector's annotations as `want` has them, leaving every other annotation alone.
+fn pin_annotations(meta: &mut ObjectMeta, want: &ObjectMeta) {
+    for key in INJECTION_ANNOTATIONS {
+        match want.annotations.as_ref().and_then(|a| a.get(key)) {
+            Some(value) => {
+                meta.annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(key.into(), value.clone());
+            }
+            None => {
+                if let Some(a) = meta.annotations.as_mut() {
+                    a.remove(key);
+                }
+            }
+        }
+    }
 }
 
 fn first_ca_bundle<'a>(
@@ -417,10 +458,12 @@ pub fn drift(
     actual: &MutatingWebhookConfiguration,
     want: &MutatingWebhookConfiguration,
 ) -> Vec<String> {
-    drift_of(
+    let mut out = annotation_drift(&actual.metadata, &want.metadata);
+    out.extend(drift_of(
         actual.webhooks.as_deref().unwrap_or_default(),
         want.webhooks.as_deref().unwrap_or_default(),
-    )
+    ));
+    out
 }
 
 fn drift_of(actual: &[MutatingWebhook], want: &[MutatingWebhook]) -> Vec<String> {
@@ -449,6 +492,7 @@ fn drift_of(actual: &[MutatingWebhook], want: &[MutatingWebhook]) -> Vec<String>
 
 /// What the leader keeps of either configuration type: its metadata and its webhooks.
 pub trait WebhookConfiguration: Clone {
+    fn metadata(&self) -> &ObjectMeta;
     fn metadata_mut(&mut self) -> &mut ObjectMeta;
     /// Put `want`'s webhooks in place of these.
     fn take_webhooks(&mut self, want: &Self);
@@ -460,6 +504,9 @@ pub trait WebhookConfiguration: Clone {
 macro_rules! webhook_configuration {
     ($($config:ty),*) => {$(
         impl WebhookConfiguration for $config {
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
             fn metadata_mut(&mut self) -> &mut ObjectMeta {
                 &mut self.metadata
             }
@@ -481,6 +528,7 @@ pub fn repaired<C: WebhookConfiguration>(actual: &C, want: &C) -> C {
     let mut out = actual.clone();
     out.take_webhooks(want);
     mark_managed(out.metadata_mut());
+    pin_annotations(out.metadata_mut(), want.metadata());
     out
 }
 
@@ -511,6 +559,7 @@ mod tests {
             service_name: "kube-overcommit".into(),
             timeout_seconds: 2,
             request_cap: false,
+            injection: None,
         }
     }
 
@@ -888,5 +937,136 @@ mod tests {
         assert_eq!(valid_timeout(1), Ok(1));
         assert_eq!(valid_timeout(5), Ok(5));
         assert!(valid_timeout(6).is_err());
+    }
+
+    fn cert_manager_settings() -> WebhookSettings {
+        WebhookSettings {
+            request_cap: true,
+            injection: Some((
+                crate::leader::cert_source::INJECT_CA_FROM,
+                "kube-overcommit/kube-overcommit".into(),
+            )),
+            ..settings()
+        }
+    }
+
+    fn annotation<C: WebhookConfiguration>(cfg: &C, key: &str) -> Option<String> {
+        cfg.metadata()
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .cloned()
+    }
+
+    #[test]
+    fn cert_manager_annotation_on_both() {
+        use crate::leader::cert_source::INJECT_CA_FROM;
+        let s = cert_manager_settings();
+        let mutating = desired(&s, b"");
+        let validating = desired_validating(&s, b"").unwrap();
+        let want = Some("kube-overcommit/kube-overcommit".to_string());
+        assert_eq!(annotation(&mutating, INJECT_CA_FROM), want);
+        assert_eq!(annotation(&validating, INJECT_CA_FROM), want);
+        // Created before cainjector filled it: no caBundle at all (not an empty one).
+        for h in mutating.webhooks.iter().flatten() {
+            assert_eq!(h.client_config.ca_bundle, None);
+        }
+        assert_eq!(
+            annotation(&desired(&settings(), b"CA"), INJECT_CA_FROM),
+            None
+        );
+    }
+
+    #[test]
+    fn annotation_drift_table() {
+        use crate::leader::cert_source::{INJECT_CA_FROM, INJECT_CA_FROM_SECRET};
+        let with = |pairs: &[(&str, &str)]| {
+            let mut cfg = desired(&settings(), b"CA");
+            cfg.metadata.annotations = Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .chain([("someone/else".to_string(), "kept".to_string())])
+                    .collect(),
+            );
+            cfg
+        };
+        let cm = desired(&cert_manager_settings(), b"CA");
+        let leader = desired(&settings(), b"CA");
+        let from = "kube-overcommit/kube-overcommit";
+        let cases: Vec<(
+            &str,
+            MutatingWebhookConfiguration,
+            &MutatingWebhookConfiguration,
+            Vec<String>,
+        )> = vec![
+            (
+                "cert-manager, in place",
+                with(&[(INJECT_CA_FROM, from)]),
+                &cm,
+                vec![],
+            ),
+            (
+                "cert-manager, removed",
+                with(&[]),
+                &cm,
+                vec![format!("metadata.annotations[{INJECT_CA_FROM}]")],
+            ),
+            (
+                "cert-manager, other Certificate",
+                with(&[(INJECT_CA_FROM, "ns/other")]),
+                &cm,
+                vec![format!("metadata.annotations[{INJECT_CA_FROM}]")],
+            ),
+            (
+                "cert-manager, secret added",
+                with(&[(INJECT_CA_FROM, from), (INJECT_CA_FROM_SECRET, "ns/s")]),
+                &cm,
+                vec![format!("metadata.annotations[{INJECT_CA_FROM_SECRET}]")],
+            ),
+            ("leader, none", with(&[]), &leader, vec![]),
+            (
+                "leader, left over",
+                with(&[(INJECT_CA_FROM, from)]),
+                &leader,
+                vec![format!("metadata.annotations[{INJECT_CA_FROM}]")],
+            ),
+        ];
+        for (name, actual, want, drifted) in cases {
+            assert_eq!(drift(&actual, want), drifted, "{name}");
+            let fixed = repaired(&actual, want);
+            assert!(drift(&fixed, want).is_empty(), "{name}: repaired");
+            assert_eq!(
+                annotation(&fixed, "someone/else").as_deref(),
+                Some("kept"),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn cert_manager_copy_of_live_bundle_is_not_drift() {
+        let s = cert_manager_settings();
+        // What cainjector wrote; the leader builds its wanted object from it.
+        let live = desired(&s, b"INJECTED");
+        let want = desired(&s, &live_ca_bundle(&live).unwrap_or_default());
+        assert!(drift(&live, &want).is_empty());
+        let mut timeout_changed = live.clone();
+        if let Some(h) = timeout_changed
+            .webhooks
+            .as_mut()
+            .and_then(|w| w.first_mut())
+        {
+            h.timeout_seconds = Some(30);
+        }
+        let fixed = repaired(&timeout_changed, &want);
+        assert_eq!(
+            drift(&timeout_changed, &want),
+            vec![format!("{NODES_WEBHOOK}.timeoutSeconds")]
+        );
+        assert_eq!(live_ca_bundle(&fixed), Some(b"INJECTED".to_vec()));
+        let v_live = desired_validating(&s, b"INJECTED").unwrap();
+        let v_want = desired_validating(&s, &live_ca_bundle(&v_live).unwrap_or_default()).unwrap();
+        assert!(validating_drift(&v_live, &v_want).is_empty());
     }
 }
