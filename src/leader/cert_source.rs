@@ -117,7 +117,8 @@ mod tests {
     fn bundle_to_write_table() {
         let missing = store::read_ca(None);
         let live = || Some(b"LIVE".to_vec());
-        let cases: [(CertSource, Option<Vec<u8>>, Option<Vec<u8>>); 4] = [
+        type Bundle = Option<Vec<u8>>;
+        let cases: [(CertSource, Bundle, Bundle); 4] = [
             // No CA of its own yet: the leader writes nothing (it creates the CA first).
             (CertSource::Leader, live(), None),
             (CertSource::Leader, None, None),

@@ -174,11 +174,11 @@ impl Controller {
                 out.push(tokio::spawn(notify_on(stream, wake.clone())));
             }
         }
-        let own_ca = self.s.cert_source == CertSource::Leader;
-        for name in [&self.s.ca_secret, &self.s.serving_secret]
-            .into_iter()
-            .filter(|_| own_ca)
-        {
+        let own_secrets = match self.s.cert_source {
+            CertSource::Leader => vec![&self.s.ca_secret, &self.s.serving_secret],
+            CertSource::CertManager => Vec::new(), // cert-manager keeps the Secret
+        };
+        for name in own_secrets {
             let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
             let stream = watcher(self.secrets.clone(), cfg).default_backoff();
             out.push(tokio::spawn(notify_on(stream, wake.clone())));
@@ -251,7 +251,7 @@ impl Controller {
         let actual = self.configs.get_opt(&self.s.webhook.config_name).await?;
         let live = actual.as_ref().and_then(webhook_config::live_ca_bundle);
         let Some(bundle) = cert_source::bundle_to_write(self.s.cert_source, ca, live) else {
-            return Ok(actual.as_ref().map(bundle_fingerprints));
+            return Ok(actual.as_ref().map(webhook_config::bundle_fingerprints));
         };
         let want = webhook_config::desired(&self.s.webhook, &bundle);
         let written = match actual {
@@ -280,7 +280,7 @@ impl Controller {
                 }
             }
         };
-        Ok(Some(bundle_fingerprints(&written)))
+        Ok(Some(webhook_config::bundle_fingerprints(&written)))
     }
 
     /// The validating configuration of the placement cap, kept after the mutating one from the
@@ -326,7 +326,7 @@ impl Controller {
             Some(bundle) => webhook_config::desired_validating(&self.s.webhook, &bundle),
             // No usable CA yet: nothing to build it from; the CA comes first.
             None if self.s.webhook.request_cap => {
-                return Ok(actual.as_ref().map(bundle_fingerprints));
+                return Ok(actual.as_ref().map(webhook_config::bundle_fingerprints));
             }
             None => None,
         };
@@ -376,7 +376,7 @@ impl Controller {
                 None
             }
         };
-        Ok(written.as_ref().map(bundle_fingerprints))
+        Ok(written.as_ref().map(webhook_config::bundle_fingerprints))
     }
 
     async fn write_secret(
@@ -625,16 +625,6 @@ impl Step<'_> {
             _ => Err(ControllerError::State(missing.into())),
         }
     }
-}
-
-fn fingerprints_of(pem: Option<Vec<u8>>) -> Vec<Fingerprint> {
-    pem.and_then(|pem| certs::parse_pem_bundle(&pem).ok())
-        .map(|certs| certs.iter().map(|c| c.fingerprint).collect())
-        .unwrap_or_default()
-}
-
-fn bundle_fingerprints<C: webhook_config::WebhookConfiguration>(cfg: &C) -> Vec<Fingerprint> {
-    fingerprints_of(webhook_config::live_ca_bundle(cfg))
 }
 
 async fn notify_on<S, T, E>(stream: S, wake: Arc<Notify>)

@@ -47,6 +47,7 @@ use serde_json::{Value, json};
 use overcommit_core::policy::POD_DEFAULTS_NAMESPACE_LABEL;
 
 use super::cert_source::{INJECTION_ANNOTATIONS, Injection};
+use super::certs::{self, Fingerprint};
 use crate::webhook::VALIDATE_PATH;
 
 /// Label that opts an object out.
@@ -535,6 +536,17 @@ pub fn repaired<C: WebhookConfiguration>(actual: &C, want: &C) -> C {
 /// The CA bundle bytes of a live configuration (the first webhook's; they are kept equal).
 pub fn live_ca_bundle<C: WebhookConfiguration>(actual: &C) -> Option<Vec<u8>> {
     first_ca_bundle(actual.client_configs())
+}
+
+fn fingerprints_of(pem: Option<Vec<u8>>) -> Vec<Fingerprint> {
+    pem.and_then(|pem| certs::parse_pem_bundle(&pem).ok())
+        .map(|certs| certs.iter().map(|c| c.fingerprint).collect())
+        .unwrap_or_default()
+}
+
+/// The fingerprints of the CAs in a live configuration's caBundle.
+pub fn bundle_fingerprints<C: WebhookConfiguration>(cfg: &C) -> Vec<Fingerprint> {
+    fingerprints_of(live_ca_bundle(cfg))
 }
 
 /// True when a validated timeout is allowed by the API server and by docs/architecture.md rule 3.1.
