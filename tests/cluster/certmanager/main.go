@@ -39,6 +39,7 @@ import (
 	controllerpkg "github.com/cert-manager/cert-manager/pkg/controller"
 	"github.com/cert-manager/cert-manager/pkg/controller/cainjector"
 	logf "github.com/cert-manager/cert-manager/pkg/logs"
+	"github.com/cert-manager/cert-manager/pkg/util"
 
 	// Control loops register themselves in init.
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/approver"
@@ -154,6 +155,8 @@ func runCAInjector(ctx context.Context, kubeconfig, namespace string) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
+	// The user agent names cainjector's field manager (as in cert-manager's own cainjector).
+	restConfig = util.RestConfigWithUserAgent(restConfig, "cainjector")
 	scheme := runtime.NewScheme()
 	utilruntime.Must(kscheme.AddToScheme(scheme))
 	utilruntime.Must(cmscheme.AddToScheme(scheme))
