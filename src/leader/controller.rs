@@ -238,7 +238,9 @@ impl Controller {
         let none = store::read_ca(None);
         let live = self.upkeep_config(&none).await?;
         self.upkeep_validating(&none, live).await?;
-        self.upkeep_compiled().await?;
+        self.compiled
+            .upkeep(&self.claim, &self.metrics, &self.s.webhook.config_name)
+            .await?;
         Ok(now() + jiff::SignedDuration::try_from(RESYNC).unwrap_or_default())
     }
 
