@@ -450,8 +450,14 @@ func TestSecretVolumeSwapsData(t *testing.T) {
 	if second == first {
 		t.Fatalf("..data still points at %s", first)
 	}
-	if _, err := os.Stat(filepath.Join(dir, first)); !os.IsNotExist(err) {
-		t.Errorf("old data directory %s not removed (%v)", first, err)
+	// The writer removes the old directory right after the swap the read above saw.
+	if err := harness.Eventually(5*time.Second, 50*time.Millisecond, func() error {
+		if _, err := os.Stat(filepath.Join(dir, first)); !os.IsNotExist(err) {
+			return fmt.Errorf("old data directory %s not removed (%v)", first, err)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 }
 
