@@ -285,7 +285,7 @@ func TestMetricsServer(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = ms.Stop() })
 	// Its first scrape, then the aggregator's availability check: 60 s, as a loaded 2-core host
-	// has taken over 30 (make test, 2026-11-28).
+	// has taken over 30 s.
 	restarted := time.Now()
 	if err := harness.Eventually(60*time.Second, 250*time.Millisecond, status(http.StatusOK)); err != nil {
 		t.Fatal(err)
