@@ -366,14 +366,10 @@ fn settle(
 ) -> Validated {
     let decided = catch_unwind(AssertUnwindSafe(|| {
         let looked_up;
-        if matches!(review.placing, Placing::Nothing) {
-            return Ok(CapDecision::Allow);
-        }
-        if !source.synced() {
-            return Err(PlacementError::NotSynced);
-        }
         let target = match &review.placing {
             Placing::Nothing => return Ok(CapDecision::Allow),
+            // Before any lookup: an unsynced index would also send bindings to a GET each.
+            _ if !source.synced() => return Err(PlacementError::NotSynced),
             Placing::Pod {
                 namespace,
                 name,
