@@ -209,21 +209,8 @@ async fn start(
     let store = PolicyStore::new(shared.metrics.clone(), policies_synced);
     let source = start_policy_source(args, store.clone(), shared.shutdown.clone()).await?;
 
-    let path = crate::mode::resolve(args.mode).await?;
-    tracing::info!(
-        mode = args.mode.as_str(),
-        path = path.as_str(),
-        in_process_policy = args.in_process_policy.as_str(),
-        "static policies' path"
-    );
-    let in_process = leader::in_process::InProcessContext {
-        path,
-        writer: args.in_process_policy,
-        policies: store.clone(),
-        heartbeat_refresh: args.heartbeat_refresh,
-        flag: Default::default(),
-        in_force: shared.metrics.in_process_in_force.clone(),
-    };
+    let in_process = in_process_context(args, shared, &store).await?;
+    let path = in_process.path;
 
     // The lean pod index both the usage rule and the request cap read, fed by one pod watch.
     let pods = PodCache::new(shared.metrics.clone());
@@ -287,6 +274,29 @@ async fn start(
             .chain(placement_tasks)
             .collect(),
         leader,
+    })
+}
+
+/// The static policies' path (`--mode`, decided once here) and what the in-process parts share.
+async fn in_process_context(
+    args: &ServeArgs,
+    shared: &Shared,
+    store: &PolicyStore,
+) -> anyhow::Result<leader::in_process::InProcessContext> {
+    let path = crate::mode::resolve(args.mode).await?;
+    tracing::info!(
+        mode = args.mode.as_str(),
+        path = path.as_str(),
+        in_process_policy = args.in_process_policy.as_str(),
+        "static policies' path"
+    );
+    Ok(leader::in_process::InProcessContext {
+        path,
+        writer: args.in_process_policy,
+        policies: store.clone(),
+        heartbeat_refresh: args.heartbeat_refresh,
+        flag: Default::default(),
+        in_force: shared.metrics.in_process_in_force.clone(),
     })
 }
 

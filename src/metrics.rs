@@ -310,8 +310,32 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut root = Registry::with_prefix(PREFIX);
         let reviews_family = Family::<ReviewLabels, Counter>::default();
+        let fallbacks_family = Family::<FallbackLabels, Counter>::default();
+        let m = Self::unregistered(&reviews_family, &fallbacks_family);
+        let mut root = Registry::with_prefix(PREFIX);
+        m.register_reviews(&mut root, reviews_family);
+        m.register_placement(&mut root);
+        m.register_policies_and_tls(&mut root);
+        m.register_usage(&mut root, fallbacks_family);
+        root.register(
+            "build",
+            "Build information",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            }),
+        );
+        if let Ok(mut r) = m.registry.lock() {
+            *r = root;
+        }
+        m
+    }
+
+    /// The metrics, their counters pre-created where the hot path indexes them, not registered.
+    fn unregistered(
+        reviews_family: &Family<ReviewLabels, Counter>,
+        fallbacks_family: &Family<FallbackLabels, Counter>,
+    ) -> Self {
         let mut reviews = Vec::with_capacity(RESOURCES.len() * OPERATIONS.len() * OUTCOMES.len());
         for resource in RESOURCES {
             for operation in OPERATIONS {
@@ -329,7 +353,6 @@ impl Metrics {
                 }
             }
         }
-        let fallbacks_family = Family::<FallbackLabels, Counter>::default();
         let usage_fallbacks = FallbackReason::ALL
             .iter()
             .map(|reason| {
@@ -340,7 +363,7 @@ impl Metrics {
                     .clone()
             })
             .collect();
-        let m = Self {
+        Self {
             registry: Mutex::new(Registry::default()),
             reviews,
             heartbeats_kept: Family::default(),
@@ -363,7 +386,11 @@ impl Metrics {
             usage_nodes: Gauge::default(),
             usage_pods: Gauge::default(),
             in_process_in_force: Gauge::default(),
-        };
+        }
+    }
+
+    /// /mutate: reviews, quiet heartbeats, durations, refusals.
+    fn register_reviews(&self, root: &mut Registry, reviews_family: Family<ReviewLabels, Counter>) {
         root.register(
             "reviews",
             "AdmissionReviews answered, by resource, operation and outcome",
@@ -372,68 +399,84 @@ impl Metrics {
         root.register(
             "heartbeats_kept",
             "Node status reviews whose conditions got their stored heartbeat times back (quiet heartbeats), by review outcome",
-            m.heartbeats_kept.clone(),
-        );
-        root.register(
-            "placement_reviews",
-            "Placement reviews on /validate (the request cap) by outcome: denied (capMode Enforce), warned (capMode Warn) and exempted (a DaemonSet's or critical pod, allowed) are over the cap",
-            m.placement_reviews.clone(),
-        );
-        root.register(
-            "placement_failed_open",
-            "Placement reviews on /validate allowed undecided, by reason (pods_not_synced: the pod index has not listed every pod yet; unknown_pod, unknown_node: not in this replica's caches yet; pod_read_failed, unreadable, no_target, panicked)",
-            m.placement_failed_open.clone(),
-        );
-        root.register(
-            "placement_pod_reads",
-            "Pods a binding named that this replica's pod index did not hold yet, read from the API server (one GET, 500 ms at most) by result: found (decided on it), not_found and failed (allowed)",
-            m.placement_pod_reads.clone(),
+            self.heartbeats_kept.clone(),
         );
         root.register(
             "review_duration_seconds",
             "Time from request headers to the response for /mutate",
-            m.review_duration.clone(),
+            self.review_duration.clone(),
         );
         root.register(
             "http_rejects",
             "Requests refused before admission, by HTTP status",
-            m.http_rejects.clone(),
+            self.http_rejects.clone(),
         );
+    }
+
+    /// /validate (the request cap).
+    fn register_placement(&self, root: &mut Registry) {
+        root.register(
+            "placement_reviews",
+            "Placement reviews on /validate (the request cap) by outcome: denied (capMode Enforce), warned (capMode Warn) and exempted (a DaemonSet's or critical pod, allowed) are over the cap",
+            self.placement_reviews.clone(),
+        );
+        root.register(
+            "placement_failed_open",
+            "Placement reviews on /validate allowed undecided, by reason (pods_not_synced: the pod index has not listed every pod yet; unknown_pod, unknown_node: not in this replica's caches yet; pod_read_failed, unreadable, no_target, panicked)",
+            self.placement_failed_open.clone(),
+        );
+        root.register(
+            "placement_pod_reads",
+            "Pods a binding named that this replica's pod index did not hold yet, read from the API server (one GET, 500 ms at most) by result: found (decided on it), not_found and failed (allowed)",
+            self.placement_pod_reads.clone(),
+        );
+    }
+
+    /// Policy sources, the serving certificate and connections.
+    fn register_policies_and_tls(&self, root: &mut Registry) {
         root.register(
             "policies_loaded",
             "Policies in the set used for reviews",
-            m.policies_loaded.clone(),
+            self.policies_loaded.clone(),
         );
         root.register(
             "policy_reloads",
             "Policy (re)loads by source and result",
-            m.policy_reloads.clone(),
+            self.policy_reloads.clone(),
         );
         root.register(
             "policies_refused",
             "Policy objects refused by validation",
-            m.policies_refused.clone(),
+            self.policies_refused.clone(),
         );
         root.register(
             "certificate_not_after_seconds",
             "Expiry of the serving certificate, unix seconds",
-            m.cert_not_after_seconds.clone(),
+            self.cert_not_after_seconds.clone(),
         );
         root.register(
             "certificate_reloads",
             "Serving certificate (re)loads by result",
-            m.cert_reloads.clone(),
+            self.cert_reloads.clone(),
         );
         root.register(
             "tls_handshake_failures",
             "TLS handshakes that failed or timed out",
-            m.tls_handshake_failures.clone(),
+            self.tls_handshake_failures.clone(),
         );
         root.register(
             "open_connections",
             "Connections currently open on the webhook port",
-            m.open_connections.clone(),
+            self.open_connections.clone(),
         );
+    }
+
+    /// Usage policies and in-process mode.
+    fn register_usage(
+        &self,
+        root: &mut Registry,
+        fallbacks_family: Family<FallbackLabels, Counter>,
+    ) {
         root.register(
             "usage_fallbacks",
             "Node reviews under a usage policy where a resource took the fallback (nodeRatios or raw) instead of following usage, by reason: no_sample, stale (newest sample older than its window plus 3 x --usage-interval, by its own timestamp), metrics_failing, not_synced, future_sample (the last sample was stamped over 30 s ahead of this clock), above_capacity (peak usage above the node's capacity)",
@@ -442,44 +485,33 @@ impl Metrics {
         root.register(
             "usage_synced",
             "Whether this replica's usage cache has been read completely (1) or not yet (0): pods (the pod index), metrics (metrics.k8s.io); 0 while its feeder is stopped",
-            m.usage_synced.clone(),
+            self.usage_synced.clone(),
         );
         root.register(
             "usage_feeder_running",
             "Whether this replica feeds the usage cache (1) or not (0): metrics (the metrics.k8s.io poller), pods (a pod watch, the usage task's own or the request cap's); the usage feeders run only while a usage policy is in force",
-            m.usage_feeder_running.clone(),
+            self.usage_feeder_running.clone(),
         );
         root.register(
             "usage_polls",
             "Polls of metrics.k8s.io NodeMetrics by result",
-            m.usage_polls.clone(),
+            self.usage_polls.clone(),
         );
         root.register(
             "usage_nodes",
             "Nodes with usage samples in the longest usage window",
-            m.usage_nodes.clone(),
+            self.usage_nodes.clone(),
         );
         root.register(
             "usage_pods",
             "Pods in the lean pod index usage policies and the request cap read (non-terminal, bound or pending)",
-            m.usage_pods.clone(),
+            self.usage_pods.clone(),
         );
         root.register(
             "in_process_in_force",
             "In-process mode: 1 while this replica leaves the static policies' nodes to the compiled MutatingAdmissionPolicy (it and its binding are what this replica compiles from the policies in force), 0 while the webhook serves them",
-            m.in_process_in_force.clone(),
+            self.in_process_in_force.clone(),
         );
-        root.register(
-            "build",
-            "Build information",
-            Info::new(BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
-            }),
-        );
-        if let Ok(mut r) = m.registry.lock() {
-            *r = root;
-        }
-        m
     }
 
     fn review_index(
