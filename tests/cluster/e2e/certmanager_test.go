@@ -269,8 +269,12 @@ func (w *window) seamless(what string, m *mutationWatch) {
 	if failed != 0 || after.FailOpen != before.FailOpen || after.Other != before.Other || x509 != w.x509 {
 		t.Fatalf("%s was not seamless (figures above)", what)
 	}
-	if answered := after.Answered - before.Answered; answered < float64(writes) || writes == 0 {
-		t.Fatalf("%v reviews answered for %d status writes", answered, writes)
+	// A kubelet counts a write when it returns, the API server its call before that: a write in
+	// flight when the window began (at most one per node: each writes in turn) can be counted
+	// here with its call counted before. (make test, once: 13 calls for 14 writes.)
+	inFlight := int64(len(w.nodes.Names))
+	if answered := after.Answered - before.Answered; answered < float64(writes-inFlight) || writes == 0 {
+		t.Fatalf("%v reviews answered for %d status writes (%d may have been in flight at the start)", answered, writes, inFlight)
 	}
 	if err := m.check(len(w.nodes.Names)); err != nil {
 		t.Fatal(err)
