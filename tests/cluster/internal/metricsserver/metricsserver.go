@@ -4,7 +4,8 @@
 // metrics-server (a backend in the run's service registry, plus an EndpointSlice so that the
 // aggregator's availability check finds an endpoint) and APIService v1beta1.metrics.k8s.io
 // (caBundle = the run's CA), and scrapes the fake kubelets' /metrics/resource over TLS,
-// verifying them with the same CA.
+// verifying them with the same CA. It never selects hollow nodes (real kubelets that must not
+// be dialled).
 package metricsserver
 
 import (
@@ -27,6 +28,7 @@ import (
 	aggregator "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	"k8s.io/utils/ptr"
 
+	"kube-overcommit/tests/cluster/internal/hollownode"
 	"kube-overcommit/tests/cluster/internal/pki"
 	"kube-overcommit/tests/cluster/internal/runfiles"
 	"kube-overcommit/tests/cluster/internal/services"
@@ -62,7 +64,17 @@ func Args(run runfiles.Dir, files pki.Files, port int) []string {
 		// The shortest resolution metrics-server accepts; it must exceed the kubelet request
 		// timeout (default 10 s).
 		"--metric-resolution=10s", "--kubelet-request-timeout=5s",
+		"--node-selector=" + NodeSelector(""),
 	}
+}
+
+// NodeSelector is metrics-server's --node-selector: the caller's selector (may be empty) and
+// never a hollow node, whose kubelet must not be dialled (package hollownode).
+func NodeSelector(sel string) string {
+	if sel == "" {
+		return hollownode.Selector
+	}
+	return sel + "," + hollownode.Selector
 }
 
 // RegisterWhenServing waits until metrics-server answers the aggregator's availability check
