@@ -496,11 +496,6 @@ func cmdMetricsServer(args []string) int {
 			runDir = v
 			continue
 		}
-		// Hollow nodes stay excluded whatever selector the caller adds.
-		if v, ok := strings.CutPrefix(a, "--node-selector="); ok {
-			rest = append(rest, "--node-selector="+metricsserver.NodeSelector(v))
-			continue
-		}
 		if v, ok := strings.CutPrefix(a, "--port="); ok {
 			p, err := strconv.Atoi(v)
 			if err != nil || p <= 0 || p > 65535 {
@@ -557,7 +552,7 @@ func cmdMetricsServer(args []string) int {
 		}
 		registered <- err
 	}()
-	code := components.MetricsServer(append(metricsserver.Args(run, files, port), rest...))
+	code := components.MetricsServer(append(metricsserver.Args(run, files, port), metricsserver.ExcludeHollow(rest)...))
 	select {
 	case err := <-registered:
 		if err != nil && code == 0 {

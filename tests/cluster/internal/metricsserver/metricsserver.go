@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -64,17 +65,41 @@ func Args(run runfiles.Dir, files pki.Files, port int) []string {
 		// The shortest resolution metrics-server accepts; it must exceed the kubelet request
 		// timeout (default 10 s).
 		"--metric-resolution=10s", "--kubelet-request-timeout=5s",
-		"--node-selector=" + NodeSelector(""),
 	}
 }
 
-// NodeSelector is metrics-server's --node-selector: the caller's selector (may be empty) and
+// nodeSelector is metrics-server's --node-selector: the caller's selector (may be empty) and
 // never a hollow node, whose kubelet must not be dialled (package hollownode).
-func NodeSelector(sel string) string {
+func nodeSelector(sel string) string {
 	if sel == "" {
 		return hollownode.Selector
 	}
 	return sel + "," + hollownode.Selector
+}
+
+// ExcludeHollow rewrites metrics-server flags so that hollow nodes stay excluded: every
+// --node-selector / -l (any form) goes, and one selector, the last one given combined with
+// the exclusion, is appended (pflag keeps the last value).
+func ExcludeHollow(args []string) []string {
+	var out []string
+	sel := ""
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--node-selector" || a == "-l":
+			if i+1 < len(args) {
+				sel = args[i+1]
+				i++
+			}
+		case strings.HasPrefix(a, "--node-selector="):
+			sel = strings.TrimPrefix(a, "--node-selector=")
+		case strings.HasPrefix(a, "-l"):
+			sel = strings.TrimPrefix(strings.TrimPrefix(a, "-l"), "=")
+		default:
+			out = append(out, a)
+		}
+	}
+	return append(out, "--node-selector="+nodeSelector(sel))
 }
 
 // RegisterWhenServing waits until metrics-server answers the aggregator's availability check
