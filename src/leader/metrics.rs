@@ -51,11 +51,14 @@ pub struct LeaderMetrics {
     pub node_raw_allocatable: Family<NodeResourceLabels, Gauge<f64, AtomicU64>>,
     /// Leader only: nodes whose raw-allocatable annotation cannot be read.
     pub node_raw_allocatable_unreadable: Gauge,
+    /// Leader only: status writes of policies (`policy_status`, which registers them).
+    pub policy_status: super::policy_status::StatusMetrics,
 }
 
 impl LeaderMetrics {
     pub fn new(registry: &mut Registry) -> Self {
         let m = Self::default();
+        m.policy_status.register(registry);
         registry.register(
             "leader",
             "1 while this replica holds the leader Lease",

@@ -29,6 +29,9 @@
 //!   and is not expired.
 //! - `rotate`: `kube-overcommit rotate [--ca]` sets `overcommit.dev/rotate` on the serving
 //!   Secret; the leader acts on it and clears it.
+//! - `policy_status`: while leading, the `status` of every OvercommitPolicy, batched (at most
+//!   one write per policy every 5 s, only when it differs); computed by
+//!   `overcommit_core::policy::status`.
 //! - `node_metrics`: while leading, `kube_overcommit_node_raw_allocatable` from a metadata-only
 //!   watch of nodes (`raw_allocatable`: the pure reading of the annotation); cleared when
 //!   leadership is lost, so one replica per cluster exports it.
@@ -43,6 +46,7 @@ pub mod in_process;
 pub mod lease_lock;
 pub mod metrics;
 pub mod node_metrics;
+pub mod policy_status;
 pub mod raw_allocatable;
 pub mod readiness;
 pub mod replicas;
@@ -393,6 +397,12 @@ async fn supervise(
         );
         let mut task = tokio::spawn(controller.run());
         let node_task = tokio::spawn(node_metrics::run(Api::all(client.clone()), metrics.clone()));
+        let status_task = tokio::spawn(policy_status::run(
+            client.clone(),
+            claim.clone(),
+            in_process.clone(),
+            metrics.policy_status.clone(),
+        ));
         let mut ended_by_itself = false;
         let mut stopping = false;
         tokio::select! {
@@ -402,6 +412,7 @@ async fn supervise(
         }
         task.abort();
         node_task.abort();
+        status_task.abort();
         // Only once the task has stopped can no late update bring a series back.
         let _ = node_task.await;
         node_metrics::clear(&metrics);

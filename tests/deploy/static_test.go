@@ -667,6 +667,9 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 				allowed[grant{"", "nodes", "", v}] = true
 				allowed[grant{"", "pods", "", v}] = true
 			}
+			// The leader writes each policy's status with a merge patch of the status
+			// subresource: patch only, never update, never the policy itself.
+			allowed[grant{"overcommit.dev", "overcommitpolicies/status", "", "patch"}] = true
 			// The request cap reads a pod its watch has not shown yet (one GET per such binding).
 			allowed[grant{"", "pods", "", "get"}] = true
 			allowed[grant{"metrics.k8s.io", "nodes", "", "list"}] = true

@@ -109,7 +109,15 @@ pub fn applied_text(policy: &CompiledPolicy) -> String {
         .iter()
         .map(|(resource, (text, _))| format!("{resource}={text}"))
         .collect();
-    format!("policy={};ratios={}", policy.name, ratios.join(","))
+    let generation = policy
+        .generation
+        .map(|g| format!(";generation={g}"))
+        .unwrap_or_default();
+    format!(
+        "policy={};ratios={}{generation}",
+        policy.name,
+        ratios.join(",")
+    )
 }
 
 /// Compile the policy set; `heartbeat_refresh` is `serve --heartbeat-refresh` (zero, or below a
@@ -221,9 +229,12 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration) -> Compiled {
                 .into(),
         ),
         (
+            // The last section, after an optional `generation=N`.
             "prevUsage",
-            "variables.prevSections.size() > 2 && variables.prevSections[2] != 'usage=' ? \
-             variables.prevSections[2].substring(6).split(',') : []"
+            "variables.prevSections.size() > 2 && \
+             variables.prevSections[variables.prevSections.size() - 1].startsWith('usage=') && \
+             variables.prevSections[variables.prevSections.size() - 1] != 'usage=' ? \
+             variables.prevSections[variables.prevSections.size() - 1].substring(6).split(',') : []"
                 .into(),
         ),
         ("lines", lines()),

@@ -103,6 +103,52 @@ fn the_compiled_objects_match_what_the_node_webhook_matches_and_fail_open() {
     );
 }
 
+/// The applied annotation the node rule writes on a 4-cpu node with these labels.
+fn written_applied(set: &PolicySet, labels: &[(&str, &str)]) -> Option<Value> {
+    let labels = map(labels);
+    let allocatable = map(&[("cpu", "4"), ("memory", "16Gi"), ("pods", "110")]);
+    let node = NodeView {
+        has_metadata: true,
+        labels: Some(&labels),
+        allocatable: Some(&allocatable),
+        ..NodeView::default()
+    };
+    let decision = match decide(&node, None, set) {
+        Ok(d) => d,
+        Err(e) => panic!("{e}"),
+    };
+    decision
+        .patch
+        .iter()
+        .map(|op| serde_json::to_value(op).unwrap_or_default())
+        .find(|op| op["path"] == "/metadata/annotations")
+        .map(|op| op["value"][APPLIED_KEY].clone())
+}
+
+/// A policy from the CRD has a generation: the compiled text carries it as the node rule
+/// writes it.
+#[test]
+fn applied_text_carries_the_generation_as_the_node_rule_writes_it() {
+    let mut policies = match parse_policy_file(SET) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    };
+    for (n, policy) in policies.iter_mut().enumerate() {
+        policy.metadata.generation = Some(n as i64 + 3);
+    }
+    let set = match PolicySet::new(policies) {
+        Ok(set) => set,
+        Err(e) => panic!("{e}"),
+    };
+    let policy = set.policies().find(|p| p.name == "gpu");
+    let text = policy.map(applied_text).unwrap_or_default();
+    assert!(text.ends_with(";generation=3"), "{text}");
+    assert_eq!(
+        written_applied(&set, &[("pool", "gpu")]),
+        Some(Value::String(text))
+    );
+}
+
 #[test]
 fn applied_text_is_what_the_node_rule_writes() {
     let set = policies(SET);
@@ -114,24 +160,7 @@ fn applied_text_is_what_the_node_rule_writes() {
         (&[], "policy=everything;ratios=cpu=1.25"),
     ];
     for (labels, want) in cases {
-        let labels = map(labels);
-        let allocatable = map(&[("cpu", "4"), ("memory", "16Gi"), ("pods", "110")]);
-        let node = NodeView {
-            has_metadata: true,
-            labels: Some(&labels),
-            allocatable: Some(&allocatable),
-            ..NodeView::default()
-        };
-        let decision = match decide(&node, None, &set) {
-            Ok(d) => d,
-            Err(e) => panic!("{e}"),
-        };
-        let written = decision
-            .patch
-            .iter()
-            .map(|op| serde_json::to_value(op).unwrap_or_default())
-            .find(|op| op["path"] == "/metadata/annotations")
-            .map(|op| op["value"][APPLIED_KEY].clone());
+        let written = written_applied(&set, labels);
         assert_eq!(written, Some(Value::String(want.to_string())));
         let name = want
             .strip_prefix("policy=")

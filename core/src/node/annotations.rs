@@ -4,10 +4,14 @@
 //! with `split`:
 //! - `overcommit.dev/raw-allocatable`: `resource=quantity` pairs joined by `,`, for each
 //!   resource this webhook inflated, in resource order (`cpu=4,memory=16Gi`; empty: none).
-//! - `overcommit.dev/applied`: `policy=NAME;ratios=PAIRS`, the policy and the ratios it applied
-//!   (`policy=batch;ratios=cpu=2,memory=1.5`). Under a usage policy (`spec.usage`), a third
-//!   section `;usage=PAIRS` holds the value written for each resource the usage rule set (not a
-//!   fallback): a fixed ratio cannot recompute it. Static policies never write it.
+//! - `overcommit.dev/applied`: `policy=NAME;ratios=PAIRS;generation=N`, the policy, the ratios
+//!   it applied and the policy's `metadata.generation` (`policy=batch;ratios=cpu=2;generation=3`;
+//!   no generation section for a policy from a file, and none in what earlier versions wrote:
+//!   both still read). Under a usage policy (`spec.usage`), a last section `;usage=PAIRS`
+//!   holds the value written for each resource the usage rule set (not a fallback): a fixed
+//!   ratio cannot recompute it. Static policies never write it. The generation tells the
+//!   leader's policy status which nodes carry the policy's current spec; the rule itself never
+//!   reads it (what is written is always computed from the raw value).
 //!
 //! `,`, `=` and `;` never appear in what the API server and the policy validation accept as
 //! policy names, resource names, quantities and ratios; a name or value holding one (or
@@ -119,13 +123,16 @@ impl Recorded<'_> {
 /// JSON of the `overcommit.dev/applied` annotation, as read back (borrowed from the annotation).
 #[derive(Debug, Deserialize)]
 struct AppliedIn<'a> {
-    /// Not used, but required (an annotation without it is unreadable).
-    #[serde(rename = "policy", borrow, deserialize_with = "borrowed::str")]
-    _policy: Cow<'a, str>,
+    /// Required (an annotation without it is unreadable); the rule itself does not use it.
+    #[serde(borrow, deserialize_with = "borrowed::str")]
+    policy: Cow<'a, str>,
     #[serde(borrow, deserialize_with = "borrowed::str_map")]
     ratios: StrMap<'a>,
     #[serde(default, borrow, deserialize_with = "borrowed::str_map")]
     usage: StrMap<'a>,
+    /// The policy's generation (absent: written before it was recorded, or by a file policy).
+    #[serde(default)]
+    generation: Option<i64>,
 }
 
 /// The `overcommit.dev/raw-allocatable` map, as read back (borrowed from the annotation).
@@ -200,7 +207,8 @@ pub(super) fn read<'a>(
         });
     }
     let (applied_ratios, applied_usage) = if !is_json(applied_text) {
-        listed_applied(applied_text).map_err(listed(APPLIED_ANNOTATION))?
+        let applied = listed_applied(applied_text).map_err(listed(APPLIED_ANNOTATION))?;
+        (applied.ratios, applied.usage)
     } else {
         match plain::string_then_map(applied_text, "policy", "ratios") {
             Some((_policy, ratios)) => (ratios, StrMap::default()),
@@ -327,37 +335,109 @@ fn listed_entry(text: &str, start: usize) -> Option<(&str, &str, usize)> {
     (!name.starts_with('{') && !value.starts_with('{')).then_some((name, value, end))
 }
 
-/// `policy=NAME;ratios=LIST[;usage=LIST]`: the ratios and the usage values (empty when absent).
-fn listed_applied(text: &str) -> Result<(StrMap<'_>, StrMap<'_>), String> {
-    let mut rest = Some(text);
-    let mut section = |name: &str| -> Result<Option<&str>, String> {
-        let Some(current) = rest else {
+/// `policy=NAME;ratios=LIST[;generation=N][;usage=LIST]`: the ratios, the usage values (empty
+/// when absent) and the policy's generation (None when absent: written before it was recorded,
+/// or by a policy from a file).
+fn listed_applied(text: &str) -> Result<ListedApplied<'_>, String> {
+    let mut sections = text.split(';').peekable();
+    let mut section = |name: &str, optional: bool| -> Result<Option<&str>, String> {
+        let Some(current) = sections.peek().copied() else {
             return Ok(None);
         };
-        let (section, after) = match current.bytes().position(|b| b == b';') {
-            Some(at) => (current.get(..at).unwrap_or(current), current.get(at + 1..)),
-            None => (current, None),
-        };
-        rest = after;
-        match section.strip_prefix(name).and_then(|s| s.strip_prefix('=')) {
-            Some(value) => Ok(Some(value)),
-            None => Err(format!("{section:?} where {name}= belongs")),
+        match current.strip_prefix(name).and_then(|s| s.strip_prefix('=')) {
+            Some(value) => {
+                sections.next();
+                Ok(Some(value))
+            }
+            None if optional => Ok(None),
+            None => Err(format!("{current:?} where {name}= belongs")),
         }
     };
-    let policy = section("policy")?.ok_or("no policy=")?;
+    let policy = section("policy", false)?.ok_or("no policy=")?;
     if !is_listable(policy) {
         return Err(format!("policy {policy:?} is not a name"));
     }
-    let ratios = listed_map(section("ratios")?.ok_or("no ratios=")?)?;
-    let usage = match section("usage")? {
+    let ratios = listed_map(section("ratios", false)?.ok_or("no ratios=")?)?;
+    let generation = match section("generation", true)? {
+        Some(text) => Some(parse_generation(text)?),
+        None => None,
+    };
+    let usage = match section("usage", false)? {
         Some(usage) => listed_map(usage)?,
         None => StrMap::default(),
     };
-    if let Some(extra) = rest {
-        let extra = extra.split(';').next().unwrap_or(extra);
+    if let Some(extra) = sections.next() {
         return Err(format!("{extra:?} after the last section"));
     }
-    Ok((ratios, usage))
+    Ok(ListedApplied {
+        policy,
+        ratios,
+        generation,
+        usage,
+    })
+}
+
+/// The sections of a listed applied annotation.
+struct ListedApplied<'a> {
+    policy: &'a str,
+    ratios: StrMap<'a>,
+    generation: Option<i64>,
+    usage: StrMap<'a>,
+}
+
+/// A generation as written: decimal digits, at least 1 (what the API server sets).
+fn parse_generation(text: &str) -> Result<i64, String> {
+    text.parse::<i64>()
+        .ok()
+        .filter(|g| *g >= 1 && text.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| format!("generation {text:?} is not a positive integer"))
+}
+
+/// What a node's `overcommit.dev/applied` annotation says, for readers outside the rule (the
+/// leader's policy status, `status`): which policy, at which generation, and whether the usage
+/// rule set a value (else the node is on its policy's ratios: a static policy, or a usage
+/// policy's fallback).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedSummary {
+    pub policy: String,
+    /// None: written before generations were recorded, or by a policy without one (a file).
+    pub generation: Option<i64>,
+    /// The ratios as written, by resource.
+    pub ratios: BTreeMap<String, String>,
+    /// The values the usage rule wrote, by resource (empty: none).
+    pub usage: BTreeMap<String, String>,
+}
+
+/// Read an `overcommit.dev/applied` annotation, in either format.
+pub fn applied_summary(text: &str) -> Result<AppliedSummary, AnnotationError> {
+    let owned = |map: &StrMap<'_>| -> BTreeMap<String, String> {
+        map.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    if is_json(text) {
+        let applied =
+            serde_json::from_str::<AppliedIn<'_>>(text).map_err(|e| AnnotationError::Json {
+                annotation: APPLIED_ANNOTATION,
+                reason: e.to_string(),
+            })?;
+        return Ok(AppliedSummary {
+            policy: applied.policy.to_string(),
+            generation: applied.generation,
+            ratios: owned(&applied.ratios),
+            usage: owned(&applied.usage),
+        });
+    }
+    let listed = listed_applied(text).map_err(|reason| AnnotationError::Listed {
+        annotation: APPLIED_ANNOTATION,
+        reason,
+    })?;
+    Ok(AppliedSummary {
+        policy: listed.policy.to_string(),
+        generation: listed.generation,
+        ratios: owned(&listed.ratios),
+        usage: owned(&listed.usage),
+    })
 }
 
 /// What the annotations should say: under this policy, with these raw values recorded
@@ -439,6 +519,7 @@ impl Desired<'_> {
             let applied = AppliedOut {
                 policy: &self.policy.name,
                 ratios: RatiosOut(&self.policy.ratios),
+                generation: self.policy.generation,
                 usage: UsageOut(self.usage_written),
             };
             serde_json::to_writer(out, &applied)
@@ -446,7 +527,7 @@ impl Desired<'_> {
     }
 }
 
-/// `policy=NAME;ratios=LIST`, a policy's part of the applied annotation (None: its name or a
+/// `policy=NAME;ratios=LIST[;generation=N]`, a policy's part of the applied annotation (None: its name or a
 /// ratio cannot be listed), made once per policy: every node it inflates carries it.
 fn static_applied(policy: &CompiledPolicy) -> Option<&str> {
     policy
@@ -467,6 +548,9 @@ fn static_applied(policy: &CompiledPolicy) -> Option<&str> {
                 out.push_str(piece);
                 true
             });
+            if let Some(generation) = policy.generation {
+                out.push_str(&format!(";generation={generation}"));
+            }
             Some(out)
         })
         .as_deref()
@@ -488,6 +572,8 @@ fn list<'p>(
 struct AppliedOut<'p> {
     policy: &'p str,
     ratios: RatiosOut<'p>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<i64>,
     #[serde(skip_serializing_if = "UsageOut::is_empty")]
     usage: UsageOut<'p>,
 }
@@ -595,6 +681,7 @@ mod tests {
             pod_defaults: None,
             usage: None,
             cap: None,
+            generation: None,
             applied_listed: Default::default(),
         }
     }
@@ -779,6 +866,17 @@ mod tests {
                 "policy=u;ratios=cpu=2;usage=cpu=6",
                 ok("cpu=4", 1, "cpu=6"),
             ),
+            // The policy's generation, before the usage values.
+            (
+                "cpu=4",
+                "policy=b;ratios=cpu=2;generation=7",
+                ok("cpu=4", 1, ""),
+            ),
+            (
+                "cpu=4",
+                "policy=u;ratios=cpu=2;generation=7;usage=cpu=6",
+                ok("cpu=4", 1, "cpu=6"),
+            ),
             // The JSON written before the listed format still reads.
             (
                 r#"{"cpu":"4"}"#,
@@ -824,12 +922,128 @@ mod tests {
                 "policy=a;ratios=cpu=two",
                 "overcommit.dev/applied cpu",
             ),
+            (
+                "cpu=4",
+                "policy=a;ratios=cpu=2;generation=",
+                "not a positive",
+            ),
+            (
+                "cpu=4",
+                "policy=a;ratios=cpu=2;generation=0",
+                "not a positive",
+            ),
+            (
+                "cpu=4",
+                "policy=a;ratios=cpu=2;generation=+3",
+                "not a positive",
+            ),
+            (
+                "cpu=4",
+                "policy=a;ratios=cpu=2;generation=x",
+                "not a positive",
+            ),
+            (
+                "cpu=4",
+                "policy=a;ratios=cpu=2;usage=cpu=6;generation=3",
+                "after the last section",
+            ),
         ];
         for (raw, applied, reason) in refused {
             match read_pair(raw, applied) {
                 Err(e) => assert!(e.contains(reason), "{raw} / {applied}: {e}"),
                 Ok(read) => panic!("{raw} / {applied} read as {read:?}"),
             }
+        }
+    }
+
+    /// What readers outside the rule see: the policy, its generation (absent in what earlier
+    /// versions wrote), the ratios and the usage values; in both formats.
+    #[test]
+    fn applied_summary_reads_both_formats_with_and_without_generation() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let summary = |policy: &str, generation, ratios, usage| AppliedSummary {
+            policy: policy.to_string(),
+            generation,
+            ratios: map(ratios),
+            usage: map(usage),
+        };
+        let cases: &[(&str, AppliedSummary)] = &[
+            (
+                "policy=batch;ratios=cpu=2,memory=1.5",
+                summary("batch", None, &[("cpu", "2"), ("memory", "1.5")], &[]),
+            ),
+            (
+                "policy=batch;ratios=cpu=2;generation=12",
+                summary("batch", Some(12), &[("cpu", "2")], &[]),
+            ),
+            (
+                "policy=u;ratios=cpu=2;generation=3;usage=cpu=6",
+                summary("u", Some(3), &[("cpu", "2")], &[("cpu", "6")]),
+            ),
+            (
+                "policy=u;ratios=cpu=2;usage=cpu=6",
+                summary("u", None, &[("cpu", "2")], &[("cpu", "6")]),
+            ),
+            (
+                r#"{"policy":"batch","ratios":{"cpu":"2"}}"#,
+                summary("batch", None, &[("cpu", "2")], &[]),
+            ),
+            (
+                r#"{"policy":"b q","ratios":{"cpu":"2"},"generation":4,"usage":{"cpu":"5"}}"#,
+                summary("b q", Some(4), &[("cpu", "2")], &[("cpu", "5")]),
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(applied_summary(text).as_ref(), Ok(want), "{text}");
+        }
+        for bad in ["", "policy=a", "{", "policy=a;ratios=cpu=2;generation=-1"] {
+            assert!(applied_summary(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A policy with a generation writes it after the ratios, in both formats, and what is
+    /// written reads back with it.
+    #[test]
+    fn the_generation_is_written_and_read_back() {
+        let mut with_generation = policy("batch", &[("cpu", "2")]);
+        with_generation.generation = Some(5);
+        let mut unlisted = policy("b q", &[("cpu", "2")]);
+        unlisted.generation = Some(6);
+        let usage = [("cpu", Quantity::parse("6").unwrap())];
+        type Case<'c> = (&'c CompiledPolicy, &'c [(&'c str, Quantity)], &'c str);
+        let cases: [Case<'_>; 3] = [
+            (
+                &with_generation,
+                &[],
+                "policy=batch;ratios=cpu=2;generation=5",
+            ),
+            (
+                &with_generation,
+                &usage,
+                "policy=batch;ratios=cpu=2;generation=5;usage=cpu=6",
+            ),
+            (
+                &unlisted,
+                &[],
+                r#"{"policy":"b q","ratios":{"cpu":"2"},"generation":6}"#,
+            ),
+        ];
+        for (policy, usage_written, want) in cases {
+            let desired = Desired {
+                policy,
+                raw_record: &[("cpu", "4")],
+                usage_written,
+            };
+            let written = desired.value(APPLIED_ANNOTATION).unwrap();
+            assert_eq!(written, want);
+            assert!(desired.is_written(APPLIED_ANNOTATION, &written));
+            let read = applied_summary(&written).unwrap();
+            assert_eq!(read.generation, policy.generation);
         }
     }
 

@@ -54,8 +54,8 @@ use crate::policy::{NodeChoice, PolicySet};
 use crate::quantity::{Format, MAX_UNITS, Quantity, QuantityError, Ratio};
 
 pub use self::annotations::{
-    APPLIED_ANNOTATION, AnnotationError, RAW_ALLOCATABLE_ANNOTATION,
-    carries_overcommit_annotations, raw_allocatable_map,
+    APPLIED_ANNOTATION, AnnotationError, AppliedSummary, RAW_ALLOCATABLE_ANNOTATION,
+    applied_summary, carries_overcommit_annotations, raw_allocatable_map,
 };
 
 /// The parts of a Node the rule reads.

@@ -23,6 +23,7 @@
 
 mod schema;
 mod selector;
+pub mod status;
 mod usage;
 mod validate;
 
@@ -36,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::quantity::{Quantity, Ratio};
 pub use selector::{LabelLookup, NoLabels, Requirement, Selector};
+pub use status::{OvercommitPolicyStatus, PolicyCondition};
 pub use usage::{CompiledUsage, Percent, UsageSpec, UsageTarget};
 
 /// Label that opts a node out of every policy.
@@ -59,8 +61,16 @@ pub const CAP_PERCENT_RANGE: std::ops::RangeInclusive<u32> = 50..=1000;
     plural = "overcommitpolicies",
     shortname = "ocp",
     doc = "Overcommits node allocatable by ratio on selected nodes, and gives pods default requests.",
+    status = "OvercommitPolicyStatus",
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
     printcolumn = r#"{"name":"Ratios","type":"string","jsonPath":".spec.nodeRatios"}"#,
+    printcolumn = r#"{"name":"Selected","type":"integer","description":"Nodes the nodeSelector matches, not opted out","jsonPath":".status.nodesSelected"}"#,
+    printcolumn = r#"{"name":"At-Gen","type":"integer","description":"Nodes it governs that carry its current generation","jsonPath":".status.nodesAtGeneration"}"#,
+    printcolumn = r#"{"name":"Shadowed","type":"integer","description":"Selected nodes taken by a higher-priority policy","jsonPath":".status.nodesShadowed"}"#,
+    printcolumn = r#"{"name":"Fallback","type":"integer","priority":1,"description":"Usage policies: nodes on nodeRatios (no fresh usage)","jsonPath":".status.nodesUsageFallback"}"#,
+    printcolumn = r#"{"name":"Opted-Out","type":"integer","priority":1,"description":"Matching nodes labelled overcommit.dev/disabled=true","jsonPath":".status.nodesOptedOut"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -160,8 +170,12 @@ pub struct CompiledPolicy {
     pub usage: Option<CompiledUsage>,
     /// `spec.requestCap` and `spec.capMode`; None when the policy sets no cap.
     pub cap: Option<CompiledCap>,
+    /// `metadata.generation` (None: a policy from a file, which has none): recorded in the
+    /// `overcommit.dev/applied` annotation, so that the policy's status can count the nodes
+    /// carrying its current spec.
+    pub generation: Option<i64>,
     /// The `overcommit.dev/applied` annotation's policy and ratios as the node rule writes
-    /// them (`policy=NAME;ratios=...`; None where they cannot be listed), made by the node
+    /// them (`policy=NAME;ratios=...;generation=N`; None where they cannot be listed), made by the node
     /// rule on first use: the same for every node the policy inflates, so not rebuilt for each
     /// review.
     pub applied_listed: OnceLock<Option<String>>,

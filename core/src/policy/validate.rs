@@ -116,6 +116,7 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         pod_defaults,
         usage,
         cap,
+        generation: policy.metadata.generation,
         applied_listed: Default::default(),
     })
 }

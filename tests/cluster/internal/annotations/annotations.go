@@ -1,12 +1,13 @@
 // Package annotations reads kube-overcommit's node annotations as the tests and the demo check
 // them: the listed format the webhook writes (`cpu=4,memory=16Gi` and
-// `policy=batch;ratios=cpu=2`, core/src/node/annotations.rs) and the JSON one earlier versions
+// `policy=batch;ratios=cpu=2;generation=3`, core/src/node/annotations.rs) and the JSON one earlier versions
 // wrote (`{"cpu":"4"}`, `{"policy":"batch","ratios":{"cpu":"2"}}`).
 package annotations
 
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -21,7 +22,10 @@ const (
 type AppliedValue struct {
 	Policy string            `json:"policy"`
 	Ratios map[string]string `json:"ratios"`
-	Usage  map[string]string `json:"usage,omitempty"`
+	// Generation is the policy's metadata.generation (0: not recorded, as earlier versions
+	// and policies from a file write it).
+	Generation int64             `json:"generation,omitempty"`
+	Usage      map[string]string `json:"usage,omitempty"`
 }
 
 func isJSON(text string) bool {
@@ -73,6 +77,17 @@ func ParseApplied(text string) (AppliedValue, error) {
 		return out, nil
 	}
 	sections := strings.Split(text, ";")
+	// policy, ratios, then an optional generation, then an optional usage.
+	if len(sections) > 2 {
+		if value, ok := strings.CutPrefix(sections[2], "generation="); ok {
+			g, err := strconv.ParseInt(value, 10, 64)
+			if err != nil || g < 1 || strings.HasPrefix(value, "+") {
+				return out, fmt.Errorf("%s=%q: generation %q is not a positive integer", Applied, text, value)
+			}
+			out.Generation = g
+			sections = append(sections[:2:2], sections[3:]...)
+		}
+	}
 	for i, name := range []string{"policy", "ratios", "usage"} {
 		if i >= len(sections) {
 			if name == "usage" {

@@ -1,0 +1,366 @@
+//! Leader only: the `status` of every OvercommitPolicy (what it did: nodes selected, carrying
+//! its generation, shadowed, opted out, on the usage fallback; Ready, Progressing, Degraded).
+//! The status is computed by `overcommit_core::policy::status` (pure, table-tested) from two
+//! watches: the policies, and node metadata (labels and the `overcommit.dev/applied`
+//! annotation, which records the policy's generation). Only what is needed of a node is kept.
+//!
+//! Writes are batched: a watch event only marks the state changed; once per `TICK` a changed
+//! state is recomputed, and a policy whose status differs from what its object carries gets one
+//! merge patch of the status subresource, at most every `MIN_WRITE_INTERVAL` per policy. The
+//! patch carries the resourceVersion it was computed against (a 409 means a newer object is on
+//! its way through the watch) and goes out only while the claim holds. An unchanged world
+//! writes nothing: conditions keep their transition time while their status stays.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use overcommit_core::node::APPLIED_ANNOTATION;
+use overcommit_core::policy::OvercommitPolicy;
+use overcommit_core::policy::status::{
+    InProcessState, NodeFacts, OvercommitPolicyStatus, desired_statuses,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use super::election::Claim;
+use super::in_process::InProcessContext;
+use crate::mode::Path;
+
+/// How often a changed state is recomputed.
+const TICK: Duration = Duration::from_secs(1);
+/// The shortest time between two status writes of one policy.
+pub const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(5);
+/// Nodes per page of the node list (as `node_metrics`).
+const LIST_PAGE_SIZE: u32 = 100;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `written`, `conflict` or `failed`.
+    pub result: String,
+}
+
+/// `kube_overcommit_policy_status_writes_total{result}`.
+#[derive(Clone, Debug, Default)]
+pub struct StatusMetrics {
+    pub writes: Family<WriteLabels, Counter>,
+}
+
+impl StatusMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "policy_status_writes",
+            "Leader only: status writes of OvercommitPolicy objects by result (written, \
+             conflict, failed)",
+            self.writes.clone(),
+        );
+    }
+
+    fn count(&self, result: &str) {
+        self.writes
+            .get_or_create(&WriteLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+}
+
+/// A map kept from a watch: `Init` .. `InitDone` replaces it, `Apply` and `Delete` edit it.
+/// Whether an event changed it is returned, so that nothing is recomputed for a node write
+/// that changed neither labels nor the applied annotation (most of them).
+struct Mirror<V> {
+    items: HashMap<String, V>,
+    relisted: Option<HashSet<String>>,
+}
+
+impl<V: PartialEq> Mirror<V> {
+    fn new() -> Self {
+        Self {
+            items: HashMap::new(),
+            relisted: None,
+        }
+    }
+
+    /// Keep `value` for `name`; whether it differs from what was kept.
+    fn put(&mut self, name: String, value: V) -> bool {
+        let same = self.items.get(&name) == Some(&value);
+        self.items.insert(name, value);
+        !same
+    }
+
+    fn event<K>(&mut self, event: watcher::Event<K>, read: impl Fn(K) -> (String, V)) -> bool {
+        match event {
+            watcher::Event::Init => {
+                self.relisted = Some(HashSet::new());
+                false
+            }
+            watcher::Event::InitApply(object) => {
+                let (name, value) = read(object);
+                if let Some(seen) = self.relisted.as_mut() {
+                    seen.insert(name.clone());
+                }
+                self.put(name, value)
+            }
+            watcher::Event::Apply(object) => {
+                let (name, value) = read(object);
+                self.put(name, value)
+            }
+            watcher::Event::InitDone => {
+                let Some(seen) = self.relisted.take() else {
+                    return false;
+                };
+                let before = self.items.len();
+                self.items.retain(|name, _| seen.contains(name));
+                before != self.items.len()
+            }
+            watcher::Event::Delete(object) => {
+                let (name, _) = read(object);
+                self.items.remove(&name).is_some()
+            }
+        }
+    }
+}
+
+fn node_facts(node: PartialObjectMeta<Node>) -> (String, NodeFacts) {
+    let meta = node.metadata;
+    let applied = meta
+        .annotations
+        .and_then(|mut a| a.remove(APPLIED_ANNOTATION));
+    let facts = NodeFacts {
+        labels: meta.labels.unwrap_or_default(),
+        applied,
+    };
+    (meta.name.unwrap_or_default(), facts)
+}
+
+/// A policy as watched; the same while its resourceVersion is (any change of the object,
+/// spec or status, is worth a look).
+#[derive(Clone)]
+struct Watched(OvercommitPolicy);
+
+impl PartialEq for Watched {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.metadata.resource_version == other.0.metadata.resource_version
+    }
+}
+
+fn policy_entry(policy: OvercommitPolicy) -> (String, Watched) {
+    (
+        policy.metadata.name.clone().unwrap_or_default(),
+        Watched(policy),
+    )
+}
+
+/// What is due: the policies whose desired status differs from the one they carry, and were
+/// not written within `MIN_WRITE_INTERVAL` (pure). Also whether any stays to write later.
+fn due<'d>(
+    desired: &'d BTreeMap<String, OvercommitPolicyStatus>,
+    policies: &HashMap<String, Watched>,
+    last_write: &HashMap<String, Instant>,
+    now: Instant,
+) -> (Vec<(&'d str, &'d OvercommitPolicyStatus)>, bool) {
+    let mut writes = Vec::new();
+    let mut later = false;
+    for (name, status) in desired {
+        let current = policies.get(name).and_then(|p| p.0.status.as_ref());
+        if current == Some(status) {
+            continue;
+        }
+        match last_write.get(name) {
+            Some(at) if now.saturating_duration_since(*at) < MIN_WRITE_INTERVAL => later = true,
+            _ => writes.push((name.as_str(), status)),
+        }
+    }
+    (writes, later)
+}
+
+/// Keep every policy's status until aborted (the leader supervision aborts it with the
+/// leadership).
+pub async fn run(
+    client: Client,
+    claim: Claim,
+    in_process: InProcessContext,
+    metrics: StatusMetrics,
+) {
+    let policies_api: Api<OvercommitPolicy> = Api::all(client.clone());
+    let nodes_api: Api<PartialObjectMeta<Node>> = Api::all(client);
+    let mut policy_events =
+        std::pin::pin!(watcher(policies_api.clone(), watcher::Config::default()).default_backoff());
+    let node_config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
+    let mut node_events = std::pin::pin!(watcher(nodes_api, node_config).default_backoff());
+    let mut policies = Mirror::new();
+    let mut nodes = Mirror::new();
+    let mut last_write: HashMap<String, Instant> = HashMap::new();
+    let mut changed = false;
+    let mut in_process_seen = None;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tracing::info!("keeping the status of every OvercommitPolicy");
+    loop {
+        tokio::select! {
+            Some(event) = policy_events.next() => match event {
+                Ok(event) => changed |= policies.event(event, policy_entry),
+                Err(e) => tracing::warn!(error = %e, "policy watch failed; retrying"),
+            },
+            Some(event) = node_events.next() => match event {
+                Ok(event) => changed |= nodes.event(event, node_facts),
+                Err(e) => tracing::warn!(error = %e, "node metadata watch failed; retrying"),
+            },
+            _ = tick.tick() => {
+                let state = InProcessState {
+                    mode: in_process.path == Path::InProcess,
+                    in_force: in_process.flag.load(Ordering::Relaxed),
+                };
+                changed |= in_process_seen.replace(state) != Some(state);
+                // Wait for both lists: counts from half a list would be written as facts.
+                if !changed || policies.relisted.is_some() || nodes.relisted.is_some() {
+                    continue;
+                }
+                let facts: Vec<NodeFacts> = nodes.items.values().cloned().collect();
+                let objects: Vec<OvercommitPolicy> =
+                    policies.items.values().map(|p| p.0.clone()).collect();
+                let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+                let desired = desired_statuses(&objects, &facts, state, &now);
+                let (writes, later) = due(&desired, &policies.items, &last_write, Instant::now());
+                changed = later;
+                for (name, status) in writes {
+                    let rv = policies.items.get(name).and_then(|p| p.0.metadata.resource_version.clone());
+                    last_write.insert(name.to_string(), Instant::now());
+                    if claim.check().is_err() {
+                        return;
+                    }
+                    write(&policies_api, name, rv, status, &metrics).await;
+                }
+                last_write.retain(|name, _| policies.items.contains_key(name));
+            }
+        }
+    }
+}
+
+/// One merge patch of the status subresource, against the resourceVersion it was computed from.
+async fn write(
+    api: &Api<OvercommitPolicy>,
+    name: &str,
+    resource_version: Option<String>,
+    status: &OvercommitPolicyStatus,
+    metrics: &StatusMetrics,
+) {
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": resource_version},
+        "status": status,
+    });
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => metrics.count("written"),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            metrics.count("conflict");
+            tracing::debug!(policy = name, "policy changed while its status was written");
+        }
+        Err(e) => {
+            metrics.count("failed");
+            tracing::warn!(policy = name, error = %e, "could not write the policy status");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(name: &str, status: Option<OvercommitPolicyStatus>) -> (String, Watched) {
+        let mut p = OvercommitPolicy::new(name, Default::default());
+        p.status = status;
+        (name.to_string(), Watched(p))
+    }
+
+    fn status(selected: i64) -> OvercommitPolicyStatus {
+        OvercommitPolicyStatus {
+            nodes_selected: selected,
+            ..Default::default()
+        }
+    }
+
+    /// Only a status that differs is written, and a policy at most every
+    /// `MIN_WRITE_INTERVAL`; one held back is reported for later.
+    #[test]
+    fn writes_only_what_differs_and_not_too_often() {
+        let now = Instant::now();
+        let recently = now - Duration::from_secs(1);
+        let long_ago = now - MIN_WRITE_INTERVAL;
+        let policies: HashMap<String, Watched> = [
+            policy("same", Some(status(2))),
+            policy("new", None),
+            policy("recent", Some(status(1))),
+            policy("old", Some(status(1))),
+        ]
+        .into();
+        let desired: BTreeMap<String, OvercommitPolicyStatus> = [
+            ("same".to_string(), status(2)),
+            ("new".to_string(), status(1)),
+            ("recent".to_string(), status(3)),
+            ("old".to_string(), status(3)),
+        ]
+        .into();
+        let last_write: HashMap<String, Instant> = [
+            ("same".to_string(), recently),
+            ("recent".to_string(), recently),
+            ("old".to_string(), long_ago),
+        ]
+        .into();
+        let (writes, later) = due(&desired, &policies, &last_write, now);
+        let names: Vec<&str> = writes.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["new", "old"]);
+        assert!(later);
+        let (_, later) = due(&desired, &policies, &HashMap::new(), now);
+        assert!(!later);
+    }
+
+    /// A node event counts as a change only when labels or the applied annotation changed.
+    #[test]
+    fn only_label_and_annotation_changes_count() {
+        use kube::core::{ObjectMeta, PartialObjectMetaExt};
+        let node = |labels: &[(&str, &str)], applied: Option<&str>, rv: &str| {
+            ObjectMeta {
+                name: Some("n1".into()),
+                resource_version: Some(rv.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                annotations: applied.map(|a| {
+                    BTreeMap::from([
+                        (APPLIED_ANNOTATION.to_string(), a.to_string()),
+                        ("other".to_string(), rv.to_string()),
+                    ])
+                }),
+                ..Default::default()
+            }
+            .into_response_partial::<Node>()
+        };
+        let mut mirror = Mirror::new();
+        let apply = |n| watcher::Event::Apply(n);
+        assert!(mirror.event(apply(node(&[("a", "1")], None, "1")), node_facts));
+        assert!(!mirror.event(apply(node(&[("a", "1")], None, "2")), node_facts));
+        assert!(mirror.event(apply(node(&[("a", "2")], None, "3")), node_facts));
+        assert!(mirror.event(apply(node(&[("a", "2")], Some("x"), "4")), node_facts));
+        assert!(!mirror.event(apply(node(&[("a", "2")], Some("x"), "5")), node_facts));
+        // A relist that no longer lists it drops it.
+        assert!(!mirror.event(watcher::Event::Init, node_facts));
+        assert!(mirror.event(watcher::Event::InitDone, node_facts));
+        assert!(mirror.items.is_empty());
+        assert!(!mirror.event(watcher::Event::Delete(node(&[], None, "6")), node_facts));
+    }
+}
