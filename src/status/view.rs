@@ -1,12 +1,17 @@
 //! What `kube-overcommit status` shows, from plain data: one row per node with its policy, the
 //! kubelet's (raw) and the written allocatable, the requested sum and the usage with their
 //! shares of raw, and the policy's request cap (`floor(raw x percent / 100)`, as the placement
-//! check computes it) with the requested share of it; rendered as a table like
+//! check computes it) with the requested share of it; the effective ratio (allocatable / raw)
+//! and whether the usage rule set it; the policy generation the node carries (from
+//! `overcommit.dev/applied`) against its policy's current one; rendered as a table like
 //! `kubectl top nodes` or as JSON. Pure.
 
 use std::collections::BTreeMap;
 
-use overcommit_core::node::{RAW_ALLOCATABLE_ANNOTATION, raw_allocatable_map};
+use overcommit_core::node::{
+    APPLIED_ANNOTATION, AppliedSummary, RAW_ALLOCATABLE_ANNOTATION, applied_summary,
+    raw_allocatable_map,
+};
 use overcommit_core::policy::{NodeChoice, PolicySet};
 use overcommit_core::quantity::Quantity;
 use serde::Serialize;
@@ -41,6 +46,11 @@ pub struct Row {
     /// `in-process(NAME)` (the compiled MutatingAdmissionPolicy NAME), `none` (no policy
     /// applies), `unknown`.
     pub path: String,
+    /// The generation of the policy the node's last write applied (its applied annotation;
+    /// None: not inflated, or written before generations were recorded).
+    pub generation: Option<i64>,
+    /// The current generation of the node's policy (None: no policy, or one from a file).
+    pub policy_generation: Option<i64>,
     pub resources: BTreeMap<String, Cell>,
     /// Why a value could not be read (an unparsable quantity or annotation).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -63,6 +73,10 @@ pub struct Cell {
     /// The policy's request cap for this resource, if it sets one.
     pub cap: Option<u128>,
     pub requested_percent_of_cap: Option<f64>,
+    /// allocatable / raw, to two decimals: what was applied, whatever set it.
+    pub ratio: Option<f64>,
+    /// Whether the usage rule set this allocatable (not a ratio of `nodeRatios`).
+    pub usage_driven: bool,
 }
 
 /// The rows, in node name order, for a cluster whose static policies take `cluster`.
@@ -75,12 +89,22 @@ pub fn rows(nodes: &[NodeFacts], policies: &PolicySet, cluster: &ClusterPath) ->
 fn row(node: &NodeFacts, policies: &PolicySet, cluster: &ClusterPath) -> Row {
     let choice = policies.for_node(&node.labels);
     let path = node_path(&choice, cluster).short();
-    let (policy, cap) = match choice {
-        NodeChoice::Policy(p) => (p.name.clone(), p.cap.as_ref()),
-        NodeChoice::NoPolicy => ("-".to_string(), None),
-        NodeChoice::OptedOut => ("opted-out".to_string(), None),
+    let (policy, cap, policy_generation) = match choice {
+        NodeChoice::Policy(p) => (p.name.clone(), p.cap.as_ref(), p.generation),
+        NodeChoice::NoPolicy => ("-".to_string(), None, None),
+        NodeChoice::OptedOut => ("opted-out".to_string(), None, None),
     };
     let mut problems = Vec::new();
+    let applied: Option<AppliedSummary> =
+        node.annotations
+            .get(APPLIED_ANNOTATION)
+            .and_then(|text| match applied_summary(text) {
+                Ok(applied) => Some(applied),
+                Err(e) => {
+                    problems.push(format!("not readable: {e}"));
+                    None
+                }
+            });
     let raw_record: BTreeMap<String, String> =
         match node.annotations.get(RAW_ALLOCATABLE_ANNOTATION) {
             None => BTreeMap::new(),
@@ -128,6 +152,10 @@ fn row(node: &NodeFacts, policies: &PolicySet, cluster: &ClusterPath) -> Row {
                 usage_percent_of_raw: percent(usage, raw),
                 cap: capped,
                 requested_percent_of_cap: percent(Some(requested), capped),
+                ratio: ratio(allocatable, raw),
+                usage_driven: applied
+                    .as_ref()
+                    .is_some_and(|a| a.usage.contains_key(resource)),
             },
         );
     }
@@ -135,6 +163,8 @@ fn row(node: &NodeFacts, policies: &PolicySet, cluster: &ClusterPath) -> Row {
         node: node.name.clone(),
         policy,
         path,
+        generation: applied.as_ref().and_then(|a| a.generation),
+        policy_generation,
         resources,
         problems,
     }
@@ -143,6 +173,33 @@ fn row(node: &NodeFacts, policies: &PolicySet, cluster: &ClusterPath) -> Row {
 /// The scheduler's units: millicores for cpu, whole units otherwise.
 pub fn scale(resource: &str) -> u32 {
     if resource == "cpu" { 3 } else { 0 }
+}
+
+/// allocatable / raw, to two decimals.
+fn ratio(allocatable: Option<u128>, raw: Option<u128>) -> Option<f64> {
+    let (allocatable, raw) = (allocatable?, raw?);
+    (raw > 0).then(|| (allocatable as f64 * 100.0 / raw as f64).round() / 100.0)
+}
+
+/// The generation column: the node's, and the policy's where they differ (`2/3`: the node
+/// carries generation 2 of a policy now at 3; `?`: written without one).
+fn generation_cell(row: &Row) -> String {
+    match (row.generation, row.policy_generation) {
+        (Some(node), Some(policy)) if node == policy => node.to_string(),
+        (Some(node), Some(policy)) => format!("{node}/{policy}"),
+        (None, Some(policy)) => format!("?/{policy}"),
+        (Some(node), None) => node.to_string(),
+        (None, None) => "-".to_string(),
+    }
+}
+
+/// The ratio column: `x2.9 usage` where the usage rule set the value, `x1.5` otherwise.
+fn ratio_cell(cell: &Cell) -> String {
+    match cell.ratio {
+        None => "-".to_string(),
+        Some(r) if cell.usage_driven => format!("x{r} usage"),
+        Some(r) => format!("x{r}"),
+    }
 }
 
 fn percent(part: Option<u128>, whole: Option<u128>) -> Option<f64> {
@@ -156,22 +213,30 @@ pub fn table(rows: &[Row]) -> String {
         "NODE".to_string(),
         "POLICY".into(),
         "PATH".into(),
+        "GEN".into(),
         "CPU RAW".into(),
         "CPU ALLOC".into(),
+        "CPU RATIO".into(),
         "CPU REQ".into(),
         "CPU USE".into(),
         "CPU CAP".into(),
         "MEM RAW".into(),
         "MEM ALLOC".into(),
+        "MEM RATIO".into(),
         "MEM REQ".into(),
         "MEM USE".into(),
         "MEM CAP".into(),
     ]];
     for row in rows {
-        let mut line = vec![row.node.clone(), row.policy.clone(), row.path.clone()];
+        let mut line = vec![
+            row.node.clone(),
+            row.policy.clone(),
+            row.path.clone(),
+            generation_cell(row),
+        ];
         for resource in RESOURCES {
             let Some(cell) = row.resources.get(resource) else {
-                line.extend(std::iter::repeat_n("-".to_string(), 5));
+                line.extend(std::iter::repeat_n("-".to_string(), 6));
                 continue;
             };
             let show = |v: Option<u128>| v.map_or("-".to_string(), |v| human(resource, v));
@@ -181,6 +246,7 @@ pub fn table(rows: &[Row]) -> String {
             };
             line.push(show(cell.raw));
             line.push(show(cell.allocatable));
+            line.push(ratio_cell(cell));
             line.push(share(Some(cell.requested), cell.requested_percent_of_raw));
             line.push(share(cell.usage, cell.usage_percent_of_raw));
             // The cap, and how much of it the requests use.
@@ -415,6 +481,87 @@ spec:
                 .collect();
             assert_eq!(first.get(2), Some(&want[0]), "{text}");
         }
+    }
+
+    /// A usage policy's row says what was applied: the effective ratio and that the usage rule
+    /// set it; every row says which policy generation the node carries.
+    #[test]
+    fn rows_show_the_effective_ratio_and_the_generation() {
+        let yaml = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: usage}
+spec:
+  nodeSelector: {matchLabels: {pool: usage}}
+  nodeRatios: {cpu: "1"}
+  usage: {targetUtilization: {cpu: "70%"}, maxRatios: {cpu: "3"}}
+---
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: batch}
+spec:
+  nodeSelector: {matchLabels: {pool: batch}}
+  nodeRatios: {cpu: "1.5"}
+"#;
+        let mut listed = parse_policy_file(yaml).expect("policies");
+        for p in &mut listed {
+            p.metadata.generation = Some(if p.metadata.name.as_deref() == Some("usage") {
+                4
+            } else {
+                2
+            });
+        }
+        let set = PolicySet::new(listed).expect("valid");
+        let node = |name: &str, pool: &str, alloc: &str, applied: &str| NodeFacts {
+            name: name.into(),
+            labels: map(&[("pool", pool)]),
+            annotations: map(&[
+                (RAW_ALLOCATABLE_ANNOTATION, "cpu=4"),
+                (APPLIED_ANNOTATION, applied),
+            ]),
+            allocatable: map(&[("cpu", alloc), ("memory", "8Gi")]),
+            ..NodeFacts::default()
+        };
+        let nodes = [
+            node(
+                "u1",
+                "usage",
+                "11600m",
+                "policy=usage;ratios=cpu=1;generation=4;usage=cpu=11600m",
+            ),
+            node("u2", "usage", "4", "policy=usage;ratios=cpu=1;generation=3"),
+            node("b1", "batch", "6", "policy=batch;ratios=cpu=1.5"),
+        ];
+        let rows = rows(&nodes, &set, &ClusterPath::Webhook);
+        let [b1, u1, u2] = rows.as_slice() else {
+            panic!("three rows");
+        };
+        let cpu = |r: &Row| (r.resources["cpu"].ratio, r.resources["cpu"].usage_driven);
+        assert_eq!(cpu(u1), (Some(2.9), true));
+        assert_eq!(cpu(u2), (Some(1.0), false));
+        assert_eq!(cpu(b1), (Some(1.5), false));
+        assert_eq!(
+            [
+                generation_cell(u1),
+                generation_cell(u2),
+                generation_cell(b1)
+            ],
+            ["4", "3/4", "?/2"]
+        );
+        let text = table(&rows);
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(line("u1").contains("x2.9 usage"), "{text}");
+        assert!(line("u2").contains("x1 "), "{text}");
+        assert!(line("b1").contains("x1.5"), "{text}");
+        assert!(
+            text.lines().next().unwrap_or_default().contains("GEN"),
+            "{text}"
+        );
     }
 
     #[test]

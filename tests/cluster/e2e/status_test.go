@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -20,16 +21,21 @@ import (
 
 // statusRow is one row of `status -o json`.
 type statusRow struct {
-	Node      string `json:"node"`
-	Policy    string `json:"policy"`
-	Path      string `json:"path"`
-	Resources map[string]struct {
+	Node   string `json:"node"`
+	Policy string `json:"policy"`
+	Path   string `json:"path"`
+	// The policy generation the node's applied annotation carries, and its policy's now.
+	Generation       *int64 `json:"generation"`
+	PolicyGeneration *int64 `json:"policyGeneration"`
+	Resources        map[string]struct {
 		Unit        string   `json:"unit"`
 		Raw         *int64   `json:"raw"`
 		Allocatable *int64   `json:"allocatable"`
 		Requested   int64    `json:"requested"`
 		Usage       *int64   `json:"usage"`
 		ReqPercent  *float64 `json:"requestedPercentOfRaw"`
+		Ratio       *float64 `json:"ratio"`
+		UsageDriven bool     `json:"usageDriven"`
 	} `json:"resources"`
 }
 
@@ -119,6 +125,10 @@ func checkStatus(t *testing.T, c *harness.Cluster, nodes []string, boundPerNode 
 			return fmt.Errorf("%s: usage %d without a metrics API", n, *cpu.Usage)
 		case cpu.ReqPercent == nil || *cpu.ReqPercent != float64(wantReq)*100/float64(rawCPU*1000):
 			return fmt.Errorf("%s: requested share of raw %v", n, cpu.ReqPercent)
+		case cpu.Ratio == nil || *cpu.Ratio != float64(inflatedCPU)/float64(rawCPU) || cpu.UsageDriven:
+			return fmt.Errorf("%s: cpu ratio %v (usage-driven %v), want %d/%d from nodeRatios", n, cpu.Ratio, cpu.UsageDriven, inflatedCPU, rawCPU)
+		case r.Generation == nil || r.PolicyGeneration == nil || *r.Generation != *r.PolicyGeneration:
+			return fmt.Errorf("%s: carries generation %v of policy generation %v, want the same", n, r.Generation, r.PolicyGeneration)
 		}
 	}
 	// The table, from the binary itself with an explicit kubeconfig.
@@ -135,12 +145,14 @@ func checkStatus(t *testing.T, c *harness.Cluster, nodes []string, boundPerNode 
 		found := false
 		for _, l := range lines[1:] {
 			f := strings.Fields(l)
-			if len(f) > 4 && f[0] == n {
-				found = f[1] == policy && f[2] == "webhook" && f[3] == fmt.Sprint(rawCPU) && f[4] == fmt.Sprint(inflatedCPU)
+			if len(f) > 6 && f[0] == n {
+				ratio := "x" + strconv.FormatFloat(float64(inflatedCPU)/float64(rawCPU), 'f', -1, 64)
+				gen := fmt.Sprint(*byNode[n].Generation)
+				found = f[1] == policy && f[2] == "webhook" && f[3] == gen && f[4] == fmt.Sprint(rawCPU) && f[5] == fmt.Sprint(inflatedCPU) && f[6] == ratio
 			}
 		}
 		if !found {
-			return fmt.Errorf("node %s: no row with policy %s, path webhook, cpu %d -> %d in:\n%s", n, policy, rawCPU, inflatedCPU, table)
+			return fmt.Errorf("node %s: no row with policy %s, path webhook, its generation, cpu %d -> %d and the ratio in:\n%s", n, policy, rawCPU, inflatedCPU, table)
 		}
 	}
 	t.Logf("kubectl overcommit status (plugin): %d rows; table:\n%s", len(rows), table)
