@@ -71,6 +71,11 @@ impl CrdState {
             }
             Event::Apply(p) => {
                 let name = p.name_any();
+                // A status write by the leader (or a label edit) changes neither the spec nor
+                // the generation the node rule records: nothing to rebuild.
+                if self.in_use.get(&name).is_some_and(|old| same_rule(old, &p)) {
+                    return Applied::Nothing;
+                }
                 match validate(&p) {
                     Ok(()) => {
                         self.in_use.insert(name, p);
@@ -95,6 +100,12 @@ impl CrdState {
     pub fn build(&self) -> Result<PolicySet, overcommit_core::policy::PolicyError> {
         PolicySet::new(self.in_use.values().cloned().collect())
     }
+}
+
+/// Whether two versions of an object give the same compiled policy: the same spec and
+/// generation (the generation is recorded in the nodes' applied annotation).
+fn same_rule(a: &OvercommitPolicy, b: &OvercommitPolicy) -> bool {
+    a.spec == b.spec && a.metadata.generation == b.metadata.generation
 }
 
 fn validate(p: &OvercommitPolicy) -> Result<(), String> {
@@ -193,6 +204,31 @@ mod tests {
         assert_eq!(refused.len(), 3, "{refused:?}");
         assert!(refused[0].starts_with("bad-new: "), "{refused:?}");
         assert_eq!(s.build().map(|p| p.len()).ok(), Some(1));
+    }
+
+    /// The leader's status writes change an object but not its rule: no rebuild for them, one
+    /// for a new generation.
+    #[test]
+    fn a_status_write_rebuilds_nothing() {
+        let mut s = CrdState::default();
+        let mut refused = |_: &str, _: &str| panic!("nothing refused");
+        let mut a = with_ratio("a", "2");
+        a.metadata.generation = Some(1);
+        assert_eq!(
+            s.apply(Event::Apply(a.clone()), &mut refused),
+            Applied::Rebuild
+        );
+        let mut with_status = a.clone();
+        with_status.status = Some(Default::default());
+        with_status.metadata.resource_version = Some("2".into());
+        assert_eq!(
+            s.apply(Event::Apply(with_status), &mut refused),
+            Applied::Nothing
+        );
+        let mut next = with_ratio("a", "2");
+        next.metadata.generation = Some(2);
+        assert_eq!(s.apply(Event::Apply(next), &mut refused), Applied::Rebuild);
+        assert_eq!(s.in_use["a"].metadata.generation, Some(2));
     }
 
     #[test]
