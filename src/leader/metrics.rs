@@ -345,6 +345,15 @@ mod tests {
         leader.rotation("leaf", "issued");
         leader.rotation("ca", "started");
         leader.repair("webhook-configuration", "repaired");
+        for result in ["written", "conflict", "failed"] {
+            leader
+                .policy_status
+                .writes
+                .get_or_create(&crate::leader::policy_status::WriteLabels {
+                    result: result.into(),
+                })
+                .inc();
+        }
         leader
             .node_raw_allocatable
             .get_or_create(&NodeResourceLabels {
