@@ -80,6 +80,8 @@ impl StatusMetrics {
 struct Mirror<V> {
     items: HashMap<String, V>,
     relisted: Option<HashSet<String>>,
+    /// A first list has completed (before it, an empty map means "not known yet").
+    synced: bool,
 }
 
 impl<V: PartialEq> Mirror<V> {
@@ -87,10 +89,16 @@ impl<V: PartialEq> Mirror<V> {
         Self {
             items: HashMap::new(),
             relisted: None,
+            synced: false,
         }
     }
 
     /// Keep `value` for `name`; whether it differs from what was kept.
+    /// Whether the map is complete: listed once, and not in the middle of a relist.
+    fn complete(&self) -> bool {
+        self.synced && self.relisted.is_none()
+    }
+
     fn put(&mut self, name: String, value: V) -> bool {
         let same = self.items.get(&name) == Some(&value);
         self.items.insert(name, value);
@@ -115,12 +123,14 @@ impl<V: PartialEq> Mirror<V> {
                 self.put(name, value)
             }
             watcher::Event::InitDone => {
+                let first = !self.synced;
+                self.synced = true;
                 let Some(seen) = self.relisted.take() else {
-                    return false;
+                    return first;
                 };
                 let before = self.items.len();
                 self.items.retain(|name, _| seen.contains(name));
-                before != self.items.len()
+                first || before != self.items.len()
             }
             watcher::Event::Delete(object) => {
                 let (name, _) = read(object);
@@ -222,7 +232,7 @@ pub async fn run(
                 };
                 changed |= in_process_seen.replace(state) != Some(state);
                 // Wait for both lists: counts from half a list would be written as facts.
-                if !changed || policies.relisted.is_some() || nodes.relisted.is_some() {
+                if !changed || !policies.complete() || !nodes.complete() {
                     continue;
                 }
                 let facts: Vec<NodeFacts> = nodes.items.values().cloned().collect();
@@ -238,7 +248,9 @@ pub async fn run(
                     if claim.check().is_err() {
                         return;
                     }
-                    write(&policies_api, name, rv, status, &metrics).await;
+                    // A failed write is tried again (after MIN_WRITE_INTERVAL); a conflict too,
+                    // though the newer object on its way through the watch usually comes first.
+                    changed |= !write(&policies_api, name, rv, status, &metrics).await;
                 }
                 last_write.retain(|name, _| policies.items.contains_key(name));
             }
@@ -247,13 +259,14 @@ pub async fn run(
 }
 
 /// One merge patch of the status subresource, against the resourceVersion it was computed from.
+/// Whether it was written.
 async fn write(
     api: &Api<OvercommitPolicy>,
     name: &str,
     resource_version: Option<String>,
     status: &OvercommitPolicyStatus,
     metrics: &StatusMetrics,
-) {
+) -> bool {
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version},
         "status": status,
@@ -262,14 +275,19 @@ async fn write(
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => metrics.count("written"),
+        Ok(_) => {
+            metrics.count("written");
+            true
+        }
         Err(kube::Error::Api(e)) if e.code == 409 => {
             metrics.count("conflict");
             tracing::debug!(policy = name, "policy changed while its status was written");
+            false
         }
         Err(e) => {
             metrics.count("failed");
             tracing::warn!(policy = name, error = %e, "could not write the policy status");
+            false
         }
     }
 }
@@ -357,9 +375,13 @@ mod tests {
         assert!(mirror.event(apply(node(&[("a", "2")], None, "3")), node_facts));
         assert!(mirror.event(apply(node(&[("a", "2")], Some("x"), "4")), node_facts));
         assert!(!mirror.event(apply(node(&[("a", "2")], Some("x"), "5")), node_facts));
+        // Not complete before a first list: an empty map is not "no nodes".
+        assert!(!mirror.complete());
         // A relist that no longer lists it drops it.
         assert!(!mirror.event(watcher::Event::Init, node_facts));
+        assert!(!mirror.complete());
         assert!(mirror.event(watcher::Event::InitDone, node_facts));
+        assert!(mirror.complete());
         assert!(mirror.items.is_empty());
         assert!(!mirror.event(watcher::Event::Delete(node(&[], None, "6")), node_facts));
     }
