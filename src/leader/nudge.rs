@@ -14,9 +14,9 @@
 //!   rule 3.2: a nudge of such a node writes nothing). A node whose winning policy has
 //!   `spec.usage` is nudged only when the applied annotation names another policy: its values
 //!   come from usage the leader does not hold, and the webhook keeps them at each kubelet write.
-//! - `Backlog`: the nodes out of date, each nudged at once, then again after 5 s, 10 s, 20 s ...
-//!   (at most every 5 min) while it stays out of date: a replica or the compiled policy may not
-//!   have the change yet, or (a ServiceAccount other than the one in the match conditions) a
+//! - `Backlog`: the nodes out of date, each nudged at once, then again after 2 s, 4 s, 8 s ...
+//!   (at most every 5 min) while it stays out of date: the replica that answers the nudge, or the
+//!   compiled policy, may not have the change yet (a second or two), or (a ServiceAccount other than the one in the match conditions) a
 //!   nudge may change nothing at all.
 //! - `Bucket`: the token bucket pacing the nudges (`serve --nudge-rate`).
 
@@ -31,7 +31,7 @@ use overcommit_core::policy::{NodeChoice, PolicySet};
 use overcommit_json::StrMap;
 
 /// First wait before a node still out of date is nudged again; doubled per nudge.
-pub const FIRST_RETRY: Duration = Duration::from_secs(5);
+pub const FIRST_RETRY: Duration = Duration::from_secs(2);
 /// Longest wait between two nudges of one node.
 pub const MAX_RETRY: Duration = Duration::from_secs(300);
 

@@ -279,16 +279,16 @@ fn backlog_nudges_at_once_then_backs_off_and_reports_the_lag() {
     backlog.nudged("a", t0 + s(1));
     assert_eq!(
         backlog.next_due(),
-        Some(t0 + s(5)),
+        Some(t0 + s(2)),
         "b again after FIRST_RETRY"
     );
     // Seen again out of date (a watch event): the first sight and the attempts are kept.
-    backlog.observe("b", Need::Apply, t0 + s(2));
-    assert_eq!(backlog.due(t0 + s(5)), Some("b"));
-    backlog.nudged("b", t0 + s(5));
-    assert_eq!(backlog.next_due(), Some(t0 + s(6)), "a after 5 s");
-    backlog.nudged("a", t0 + s(6));
-    assert_eq!(backlog.next_due(), Some(t0 + s(15)), "b after 10 s");
+    backlog.observe("b", Need::Apply, t0 + s(1));
+    assert_eq!(backlog.due(t0 + s(2)), Some("b"));
+    backlog.nudged("b", t0 + s(2));
+    assert_eq!(backlog.next_due(), Some(t0 + s(3)), "a after 2 s");
+    backlog.nudged("a", t0 + s(3));
+    assert_eq!(backlog.next_due(), Some(t0 + s(6)), "b after 4 s");
     assert_eq!(
         backlog.observe("b", Need::UpToDate, t0 + s(7)),
         Some(s(7)),
@@ -307,7 +307,7 @@ fn backlog_nudges_at_once_then_backs_off_and_reports_the_lag() {
 #[test]
 fn retries_double_up_to_five_minutes() {
     let got: Vec<u64> = (1..=9).map(|n| retry_after(n).as_secs()).collect();
-    assert_eq!(got, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+    assert_eq!(got, [2, 4, 8, 16, 32, 64, 128, 256, 300]);
     assert_eq!(retry_after(u32::MAX), MAX_RETRY);
 }
 
