@@ -64,6 +64,40 @@ func applyManifests(t *testing.T, c *harness.Cluster, files ...string) {
 }
 
 func TestNudgeReachesQuietNodes(t *testing.T) {
+	nudgeQuietNodes(t, nil, nil)
+}
+
+// TestNudgeReachesQuietNodesInProcess: the same with `--mode=in-process` (the compiled policy
+// applies the static policy, the webhook's node rule steps back for its nodes). The relabel and
+// opt-out steps run while every replica reports the compiled policy in force: then only the
+// compiled policy, whose match condition must take the ServiceAccount's writes, can change the
+// nodes.
+func TestNudgeReachesQuietNodesInProcess(t *testing.T) {
+	nudgeQuietNodes(t, []string{"--mode=in-process"}, []string{
+		"deploy/components/in-process/rbac.yaml",
+		"deploy/components/in-process/policy.yaml",
+		"deploy/components/in-process/binding.yaml",
+	})
+}
+
+// waitInForce waits until every replica reports the compiled policy in force.
+func waitInForce(in *install.Installation) error {
+	return harness.Eventually(30*time.Second, 200*time.Millisecond, func() error {
+		for _, r := range in.Replicas() {
+			m, err := replicaMetrics(r)
+			if err != nil {
+				return err
+			}
+			if m["kube_overcommit_in_process_in_force"] != 1 {
+				return fmt.Errorf("replica %s: the compiled policy is not in force", r.Identity())
+			}
+		}
+		return nil
+	})
+}
+
+func nudgeQuietNodes(t *testing.T, args, manifests []string) {
+	inProcess := len(manifests) > 0
 	c := harness.Start(t, harness.Options{})
 	ctx := harness.Context(t, 8*time.Minute)
 	cs := c.Client
@@ -75,8 +109,10 @@ func TestNudgeReachesQuietNodes(t *testing.T) {
 	applyManifests(t, c, "deploy/base/rbac.yaml",
 		"deploy/components/webhook-guard/validatingadmissionpolicy.yaml",
 		"deploy/components/webhook-guard/node-guard.yaml")
+	applyManifests(t, c, manifests...)
 	in, err := install.Install(ctx, c, install.Options{
-		Replicas: 2, CRD: install.DefaultCRD(), SecretDelay: time.Second, Args: ocServeArgs,
+		Replicas: 2, CRD: install.DefaultCRD(), SecretDelay: time.Second,
+		Args: append(append([]string{}, ocServeArgs...), args...),
 		// kube-rs's impersonation: the replicas are the ServiceAccount, under its RBAC only.
 		Env: []string{
 			"KUBE_RS_DEBUG_IMPERSONATE_USER=" + nudgeUser,
@@ -164,7 +200,33 @@ func TestNudgeReachesQuietNodes(t *testing.T) {
 			return policies.Delete(ctx, "nudged", metav1.DeleteOptions{})
 		}, map[string][]nodeCheck{q0: restored, q1: restored, q2: restored}},
 	}
-	for _, step := range steps {
+	// The webhook's patched node reviews: in-process, none during the relabel and opt-out steps.
+	nodePatches := func() float64 {
+		n, err := sumReviews(in, func(l string) bool {
+			return strings.Contains(l, `resource="node"`) && strings.Contains(l, `outcome="patched"`)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var patchedBefore float64
+	for i, step := range steps {
+		if inProcess && i == 2 {
+			patchedBefore = nodePatches()
+		}
+		if inProcess && i == len(steps)-1 {
+			if after := nodePatches(); after != patchedBefore {
+				t.Errorf("the webhook patched %v node reviews during the relabel and opt-out steps: the compiled policy should have served every nudge", after-patchedBefore)
+			}
+		}
+		// In-process: from the relabels on, no policy changes, so the compiled policy stays in
+		// force through each step (checked before and after).
+		if inProcess && i >= 2 && i < len(steps)-1 {
+			if err := waitInForce(in); err != nil {
+				t.Fatalf("before %s: %v", step.name, err)
+			}
+		}
 		start := time.Now()
 		if err := step.change(); err != nil {
 			t.Fatalf("%s: %v", step.name, err)
@@ -176,6 +238,11 @@ func TestNudgeReachesQuietNodes(t *testing.T) {
 			}
 		}
 		t.Logf("%s: every affected node shows it %.1f s after the change", step.name, time.Since(start).Seconds())
+		if inProcess && i >= 2 && i < len(steps)-1 {
+			if err := waitInForce(in); err != nil {
+				t.Fatalf("after %s: %v", step.name, err)
+			}
+		}
 	}
 	t.Logf("kubelet status writes during the steps: %d (before: %d); each node syncs every 5 min",
 		kubeletWrites(t, nodes), writesBefore)
