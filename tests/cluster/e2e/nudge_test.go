@@ -347,9 +347,9 @@ func TestNodeGuard(t *testing.T) {
 	// Writes of the node itself (spec, taints, unschedulable, labels), its creation and
 	// deletion: refused whatever they change.
 	for name, write := range map[string]func() error{
-		"taints":        func() error { return mergePatch(`{"spec":{"taints":[{"key":"guard","effect":"NoSchedule"}]}}`) },
-		"unschedulable": func() error { return mergePatch(`{"spec":{"unschedulable":true}}`) },
-		"providerID":    func() error { return mergePatch(`{"spec":{"providerID":"guard://x"}}`) },
+		"taints":                  func() error { return mergePatch(`{"spec":{"taints":[{"key":"guard","effect":"NoSchedule"}]}}`) },
+		"unschedulable":           func() error { return mergePatch(`{"spec":{"unschedulable":true}}`) },
+		"providerID":              func() error { return mergePatch(`{"spec":{"providerID":"guard://x"}}`) },
 		"empty patch of the node": func() error { return mergePatch(`{}`) },
 		"delete": func() error {
 			return sa.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
