@@ -5,8 +5,8 @@
 //! - `cert-manager`: cert-manager keeps the serving Secret (a Certificate); its cainjector fills
 //!   the caBundle from the annotation `cert-manager.io/inject-ca-from` that the leader puts on
 //!   both configurations (or `cert-manager.io/inject-ca-from-secret` with
-//!   `--cert-manager-ca-secret`, for a trust bundle that holds the old and the new CA during a CA
-//!   rotation). The leader issues nothing, writes no Secret, and copies the live caBundle into
+//!   `--cert-manager-ca-secret`: the CA's own Secret, so that cainjector, which merges, trusts a
+//!   re-keyed CA before any leaf comes from it). The leader issues nothing, writes no Secret, and copies the live caBundle into
 //!   the configurations it repairs, so it never fights cainjector; every other field stays
 //!   pinned. Replicas are ready only while their leaf chains to the live caBundle, as before.
 

@@ -192,8 +192,8 @@ pub struct LeaderArgs {
     )]
     pub cert_manager_certificate: String,
     /// With --cert-source=cert-manager: inject `ca.crt` of this Secret instead
-    /// (`cert-manager.io/inject-ca-from-secret`), a trust bundle kept by the operator, for a CA
-    /// rotation with overlap.
+    /// (`cert-manager.io/inject-ca-from-secret`): the CA's own Secret, so that a re-keyed CA is
+    /// trusted before any leaf comes from it.
     #[arg(long, env = "KUBE_OVERCOMMIT_CERT_MANAGER_CA_SECRET")]
     pub cert_manager_ca_secret: Option<String>,
     /// The ServiceAccount the replicas run as (in --namespace): the node webhook and the

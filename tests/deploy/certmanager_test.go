@@ -66,8 +66,9 @@ func TestStaticCertManagerObjects(t *testing.T) {
 }
 
 // The serving Certificate issues the Secret the Deployment mounts, for the names the API server
-// dials (src/leader/certs.rs service_dns_names), from the CA Issuer; it is the Certificate the
-// flag's default names in cert-manager.io/inject-ca-from, which the caBundle guard pins.
+// dials (src/leader/certs.rs service_dns_names), from the CA Issuer, whose Secret is the one
+// --cert-manager-ca-secret names in cert-manager.io/inject-ca-from-secret, which the caBundle guard
+// pins.
 func TestStaticCertManagerServingCertificate(t *testing.T) {
 	kz, helm, _ := renderCertManager(t)
 	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": kz, "helm": helm} {
@@ -97,14 +98,21 @@ func TestStaticCertManagerServingCertificate(t *testing.T) {
 		if s, _, _ := unstructured.NestedString(caCert.Object, "spec", "secretName"); s != caSecret || slices.Contains(mounted, s) {
 			t.Errorf("%s: CA Issuer secret %q, CA Certificate secret %q (must match and never be mounted: %v)", name, caSecret, s, mounted)
 		}
+		// cainjector reads ca.crt of the CA's own Secret (a re-keyed CA is trusted before any leaf
+		// from it): the Secret must allow it, and the guard pins exactly that source.
+		direct, _, _ := unstructured.NestedString(caCert.Object, "spec", "secretTemplate", "annotations", "cert-manager.io/allow-direct-injection")
+		if direct != "true" {
+			t.Errorf("%s: the CA Certificate's Secret does not allow direct injection (%q)", name, direct)
+		}
 		guard := mustFind(t, objs, "ValidatingAdmissionPolicy", "kube-overcommit-cabundle-guard")
-		if b, _ := guard.MarshalJSON(); !strings.Contains(string(b), "== 'kube-overcommit/kube-overcommit'") {
-			t.Errorf("%s: the caBundle guard does not pin inject-ca-from to kube-overcommit/kube-overcommit", name)
+		if b, _ := guard.MarshalJSON(); !strings.Contains(string(b), "== 'kube-overcommit/"+caSecret+"'") {
+			t.Errorf("%s: the caBundle guard does not pin inject-ca-from-secret to kube-overcommit/%s", name, caSecret)
 		}
 	}
 }
 
-// With cert-manager the container gets --cert-source=cert-manager and the ServiceAccount no grant
+// With cert-manager the container gets --cert-source=cert-manager and --cert-manager-ca-secret
+// (the CA's Secret) and the ServiceAccount no grant
 // on Secrets at all; without it neither changes.
 func TestStaticCertManagerFlagAndRBAC(t *testing.T) {
 	kz, helm, base := renderCertManager(t)
@@ -118,13 +126,13 @@ func TestStaticCertManagerFlagAndRBAC(t *testing.T) {
 		args := d.Spec.Template.Spec.Containers[0].Args
 		var sources []string
 		for _, a := range args {
-			if strings.HasPrefix(a, "--cert-source") {
+			if strings.HasPrefix(a, "--cert-source") || strings.HasPrefix(a, "--cert-manager") {
 				sources = append(sources, a)
 			}
 		}
 		var want []string
 		if c.on {
-			want = []string{"--cert-source=cert-manager"}
+			want = []string{"--cert-source=cert-manager", "--cert-manager-ca-secret=kube-overcommit-cert-manager-ca"}
 		}
 		if !slices.Equal(sources, want) {
 			t.Errorf("%s: %v in the args, want %v", name, sources, want)

@@ -35,7 +35,9 @@ import (
 )
 
 const (
-	cmInjectAnnotation = "cert-manager.io/inject-ca-from"
+	cmInjectAnnotation = "cert-manager.io/inject-ca-from-secret"
+	// deploy/components/cert-manager: cainjector reads ca.crt of the CA's own Secret.
+	cmCASecret = "kube-overcommit-cert-manager-ca"
 	// cainjector's identity here: another ServiceAccount, as in a cert-manager install.
 	cmCAInjectorUser = "system:serviceaccount:cert-manager:cert-manager-cainjector"
 )
@@ -130,7 +132,7 @@ func componentFile(t *testing.T, name, ns string) string {
 		"namespace: kube-overcommit", "namespace: "+ns,
 		"kube-overcommit.kube-overcommit", "kube-overcommit."+ns,
 		"system:serviceaccount:kube-overcommit:kube-overcommit", "system:serviceaccount:"+ns+":kube-overcommit",
-		"'kube-overcommit/kube-overcommit'", "'"+ns+"/kube-overcommit'",
+		"'kube-overcommit/"+cmCASecret+"'", "'"+ns+"/"+cmCASecret+"'",
 		"name: kube-overcommit-cabundle-guard", "name: "+ns+"-cabundle-guard",
 		"policyName: kube-overcommit-cabundle-guard", "policyName: "+ns+"-cabundle-guard",
 	).Replace(string(data))
@@ -186,8 +188,9 @@ func apiserverX509Errors(t *testing.T) int {
 // With deploy/components/cert-manager's Issuers and Certificates and --cert-source=cert-manager:
 // cert-manager issues the serving Secret, cainjector fills the caBundle of both configurations
 // (under the caBundle guard, which does not match it), the replicas serve the Secret and become
-// ready, and the API server's webhook calls succeed. A forced renewal (cmctl renew: the
-// Certificate's Issuing condition) under fake kubelets writing status every second: no failed
+// ready, and the API server's webhook calls succeed. Under fake kubelets writing status every
+// second, a forced renewal (cmctl renew: the Certificate's Issuing condition), then a CA change
+// (the CA Certificate renewed: a new key) followed by a renewal from the new CA: no failed
 // write, no failed webhook call, no x509 error. The guard refuses a caBundle change by
 // kube-overcommit's ServiceAccount and allows it the leader's repair write.
 func TestCertManagerSource(t *testing.T) {
@@ -219,6 +222,7 @@ func TestCertManagerSource(t *testing.T) {
 	renewed := forceRenewal(t, ctx, certs, rs)
 	writesGoOn(t, nodes)
 	w.seamless("renewal to leaf "+renewed[:12], m)
+	caChange(t, ctx, certs, rs, nodes, m)
 	checkCABundleGuard(t, ctx, ns)
 }
 
@@ -310,8 +314,9 @@ func certManagerInstall(t *testing.T, ctx context.Context, ns string, guard bool
 	t.Helper()
 	bin, crds := buildCertManager(t)
 	kubectlApply(t, crds)
-	rs := startReplicasWithPolicy(t, ctx, ns, 3, "  nodeRatios:\n    cpu: \"2\"\n",
-		append([]string{"--cert-source=cert-manager", "--request-cap"}, extra...)...)
+	// The flags deploy/components/cert-manager adds.
+	flags := []string{"--cert-source=cert-manager", "--cert-manager-ca-secret=" + cmCASecret, "--request-cap"}
+	rs := startReplicasWithPolicy(t, ctx, ns, 3, "  nodeRatios:\n    cpu: \"2\"\n", append(flags, extra...)...)
 	if guard {
 		path := componentFile(t, "cabundle-guard.yaml", ns)
 		kubectlApply(t, path)
@@ -334,7 +339,7 @@ func certManagerInstall(t *testing.T, ctx context.Context, ns string, guard bool
 }
 
 // injected: the serving Secret exists and both configurations carry cainjector's annotation and
-// its ca.crt as caBundle.
+// the CA's certificate as caBundle.
 func injected(ctx context.Context, ns string) error {
 	secret, err := shared.Client.CoreV1().Secrets(ns).Get(ctx, koServingName, metav1.GetOptions{})
 	if err != nil {
@@ -343,7 +348,7 @@ func injected(ctx context.Context, ns string) error {
 	if len(secret.Data["tls.crt"]) == 0 || len(secret.Data["ca.crt"]) == 0 {
 		return errors.New("serving Secret without tls.crt or ca.crt")
 	}
-	return bundleInjected(ctx, ns, cmInjectAnnotation, ns+"/kube-overcommit", secret.Data["ca.crt"])
+	return bundleInjected(ctx, ns, cmInjectAnnotation, ns+"/"+cmCASecret, secret.Data["ca.crt"])
 }
 
 // bundleInjected: both configurations carry the annotation key: value and want as caBundle.
@@ -382,8 +387,8 @@ func bundleInjected(ctx context.Context, ns, key, value string, want []byte) err
 	return check("validating", validating.Annotations, vb)
 }
 
-// forceRenewal does what `cmctl renew` does (the Issuing condition, via the status
-// subresource) and waits until every replica serves the new leaf; returns its fingerprint.
+// forceRenewal renews the serving Certificate (triggerIssuing) and waits until every replica
+// serves the new leaf; returns its fingerprint.
 func forceRenewal(t *testing.T, ctx context.Context, certs dynamic.ResourceInterface, rs *replicaSet) string {
 	t.Helper()
 	secret, err := shared.Client.CoreV1().Secrets(rs.ns).Get(ctx, koServingName, metav1.GetOptions{})
@@ -394,27 +399,7 @@ func forceRenewal(t *testing.T, ctx context.Context, certs dynamic.ResourceInter
 	if len(old) == 0 {
 		t.Fatal("no leaf in the serving Secret")
 	}
-	err = harness.Eventually(30*time.Second, 250*time.Millisecond, func() error {
-		c, err := certs.Get(ctx, "kube-overcommit", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		conditions, _, _ := unstructured.NestedSlice(c.Object, "status", "conditions")
-		conditions = append(conditions, map[string]any{
-			"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
-			"message":            "Certificate re-issuance manually triggered",
-			"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
-			"observedGeneration": c.GetGeneration(),
-		})
-		if err := unstructured.SetNestedSlice(c.Object, conditions, "status", "conditions"); err != nil {
-			return err
-		}
-		_, err = certs.UpdateStatus(ctx, c, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("trigger the renewal: %v", err)
-	}
+	triggerIssuing(t, ctx, certs, "kube-overcommit")
 	oldFP := fingerprint(old[0].Raw)
 	var newFP string
 	err = harness.Eventually(2*time.Minute, 250*time.Millisecond, func() error {
@@ -442,6 +427,33 @@ func forceRenewal(t *testing.T, ctx context.Context, certs dynamic.ResourceInter
 		t.Fatalf("renewal: %v", err)
 	}
 	return newFP
+}
+
+// triggerIssuing does what `cmctl renew` does: the Certificate's Issuing condition, through the
+// status subresource.
+func triggerIssuing(t *testing.T, ctx context.Context, certs dynamic.ResourceInterface, name string) {
+	t.Helper()
+	err := harness.Eventually(30*time.Second, 250*time.Millisecond, func() error {
+		c, err := certs.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		conditions, _, _ := unstructured.NestedSlice(c.Object, "status", "conditions")
+		conditions = append(conditions, map[string]any{
+			"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
+			"message":            "Certificate re-issuance manually triggered",
+			"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
+			"observedGeneration": c.GetGeneration(),
+		})
+		if err := unstructured.SetNestedSlice(c.Object, conditions, "status", "conditions"); err != nil {
+			return err
+		}
+		_, err = certs.UpdateStatus(ctx, c, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("trigger the renewal of %s: %v", name, err)
+	}
 }
 
 // checkCABundleGuard: kube-overcommit's ServiceAccount (with RBAC to update the configuration)
@@ -504,8 +516,12 @@ func checkCABundleGuard(t *testing.T, ctx context.Context, ns string) {
 			t.Error(err)
 		}
 	}
-	// The leader's repair: caBundle as it is, annotation in place.
-	if err := edit(func(c *admissionregistrationv1.MutatingWebhookConfiguration) {}); err != nil {
+	// The leader's repair: caBundle as it is, annotation in place (retried while the new
+	// binding reaches the API server's RBAC cache).
+	err = harness.Eventually(30*time.Second, 250*time.Millisecond, func() error {
+		return edit(func(c *admissionregistrationv1.MutatingWebhookConfiguration) {})
+	})
+	if err != nil {
 		t.Errorf("the leader's repair write as the ServiceAccount: %v", err)
 	}
 	refused("a changed caBundle", func(c *admissionregistrationv1.MutatingWebhookConfiguration) {
@@ -527,6 +543,6 @@ func checkCABundleGuard(t *testing.T, ctx context.Context, ns string) {
 			c.Annotations[key] = value
 		}
 	}
-	refused("another Certificate for cainjector", annotate(cmInjectAnnotation, ns+"/elsewhere"))
-	refused("a Secret for cainjector", annotate("cert-manager.io/inject-ca-from-secret", ns+"/elsewhere"))
+	refused("another Secret for cainjector", annotate(cmInjectAnnotation, ns+"/elsewhere"))
+	refused("a Certificate for cainjector", annotate("cert-manager.io/inject-ca-from", ns+"/kube-overcommit"))
 }

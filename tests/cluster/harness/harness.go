@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -424,6 +426,100 @@ func stopCmd(cmd *exec.Cmd, done chan struct{}) error {
 		return fmt.Errorf("pid %d did not stop on SIGTERM within 10s", cmd.Process.Pid)
 	}
 }
+
+// HollowNodesOptions configures StartHollowNodes.
+type HollowNodesOptions struct {
+	// Prefix names the nodes <prefix>-<i> (default "hollow"); Count of nodes (default 1).
+	Prefix string
+	Count  int
+	// Args are more `kcp hollow-nodes` flags: "--cpu=4", "--memory=8Gi", "--pods=110",
+	// "--labels=k=v", "--status-update-frequency=10s", "--status-report-frequency=5m",
+	// "--lease-duration=40s", "--v=2".
+	Args []string
+}
+
+// HollowNodes is a running `kcp hollow-nodes`: Kubernetes' own kubelet (kubemark's hollow
+// kubelet with a fake runtime), one child process per node. Nothing may connect to a hollow
+// node: they report no address, carry the label hollownode.Label, and the harness's
+// metrics-server skips them (README: "Hollow nodes").
+type HollowNodes struct {
+	Prefix string
+	Names  []string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	client kubernetes.Interface
+}
+
+// StartHollowNodes runs `kcp hollow-nodes` (a child of the test, killed with it; its kubelets
+// die with it; stopped by Stop or by kcp down). Logs: <run>/logs/hollow-nodes-<prefix>.log and
+// one <run>/logs/hollow-node-<name>.log per kubelet. Use WaitReady before relying on them.
+func (c *Cluster) StartHollowNodes(opts HollowNodesOptions) (*HollowNodes, error) {
+	if opts.Prefix == "" {
+		opts.Prefix = "hollow"
+	}
+	if opts.Count == 0 {
+		opts.Count = 1
+	}
+	h := &HollowNodes{Prefix: opts.Prefix, done: make(chan struct{}), client: c.Client}
+	for i := 0; i < opts.Count; i++ {
+		h.Names = append(h.Names, fakenode.NodeName(opts.Prefix, i))
+	}
+	args := append([]string{"hollow-nodes", "--run-dir=" + c.RunDir, "--kubeconfig=" + c.Kubeconfig,
+		"--prefix=" + opts.Prefix, fmt.Sprintf("--count=%d", opts.Count)}, opts.Args...)
+	cmd, err := c.startChild(filepath.Join(c.RunDir, "logs", "hollow-nodes-"+opts.Prefix+".log"), args)
+	if err != nil {
+		return nil, err
+	}
+	h.cmd = cmd
+	go func() { _ = cmd.Wait(); close(h.done) }()
+	return h, nil
+}
+
+// WaitReady waits until every node is registered with condition Ready True and has its Lease.
+func (h *HollowNodes) WaitReady(ctx context.Context, timeout time.Duration) error {
+	return Eventually(timeout, 200*time.Millisecond, func() error {
+		select {
+		case <-h.done:
+			return errors.New("kcp hollow-nodes exited")
+		default:
+		}
+		for _, n := range h.Names {
+			node, err := h.client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if !nodeReady(node) {
+				return fmt.Errorf("node %s not Ready", n)
+			}
+			if _, err := h.client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, n, metav1.GetOptions{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// Stop sends SIGTERM (each kubelet gets one) and waits (10 s, then SIGKILL). The Node and
+// Lease objects stay, as after a stopped kubelet.
+func (h *HollowNodes) Stop() error { return stopCmd(h.cmd, h.done) }
+
+// Kill sends SIGKILL to the group; its kubelets die with it (Pdeathsig).
+func (h *HollowNodes) Kill() {
+	_ = h.cmd.Process.Kill()
+	<-h.done
+}
+
+// PID of the kcp hollow-nodes process.
+func (h *HollowNodes) PID() int { return h.cmd.Process.Pid }
 
 // SecretVolume is a running `kcp secret-volume` process.
 type SecretVolume struct {

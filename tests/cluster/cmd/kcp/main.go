@@ -50,6 +50,8 @@ Usage: kcp <command> [flags]      (run dir: --run-dir, else $KCP_RUN_DIR, else $
                     webhook backends of a Service (the API server's service resolver)
   fake-nodes [flags]        run fake kubelets (see kcp fake-nodes --help)
   pod-runner [flags]        fake kubelets that run matching pods as local processes
+  hollow-nodes [flags]      real kubelets (kubemark's hollow kubelet, fake runtime), one
+                            hollow-node process each (see kcp hollow-nodes --help)
   secret-volume [flags]     mirror a Secret into a directory like the kubelet
   kubectl [args]            kubectl (KUBECONFIG defaults to <run dir>/kubeconfig)
   metrics-server [--port P] [upstream flags]
@@ -103,6 +105,8 @@ var commands = map[string]func([]string) error{
 	"pod-runner":    cmdPodRunner,
 	"secret-volume": cmdSecretVolume,
 	"backend":       cmdBackend,
+	"hollow-node":   cmdHollowNode,
+	"hollow-nodes":  cmdHollowNodes,
 }
 
 func newFlags(name string) (*pflag.FlagSet, *string) {
@@ -548,7 +552,7 @@ func cmdMetricsServer(args []string) int {
 		}
 		registered <- err
 	}()
-	code := components.MetricsServer(append(metricsserver.Args(run, files, port), rest...))
+	code := components.MetricsServer(append(metricsserver.Args(run, files, port), metricsserver.ExcludeHollow(rest)...))
 	select {
 	case err := <-registered:
 		if err != nil && code == 0 {

@@ -58,12 +58,17 @@ type Config struct {
 // group system:nodes (impersonated by base's user), so that the Node authorizer, NodeRestriction
 // and admission match conditions on userInfo see a kubelet.
 func NodeClient(base *rest.Config, name string) (kubernetes.Interface, error) {
+	return kubernetes.NewForConfig(NodeRestConfig(base, name))
+}
+
+// NodeRestConfig is base impersonating the node's kubelet (see NodeClient).
+func NodeRestConfig(base *rest.Config, name string) *rest.Config {
 	cfg := rest.CopyConfig(base)
 	cfg.Impersonate = rest.ImpersonationConfig{
 		UserName: "system:node:" + name,
 		Groups:   []string{"system:nodes", "system:authenticated"},
 	}
-	return kubernetes.NewForConfig(cfg)
+	return cfg
 }
 
 // NodeName is the name of the i-th node of a group.

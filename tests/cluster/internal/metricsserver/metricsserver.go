@@ -4,7 +4,8 @@
 // metrics-server (a backend in the run's service registry, plus an EndpointSlice so that the
 // aggregator's availability check finds an endpoint) and APIService v1beta1.metrics.k8s.io
 // (caBundle = the run's CA), and scrapes the fake kubelets' /metrics/resource over TLS,
-// verifying them with the same CA.
+// verifying them with the same CA. It never selects hollow nodes (real kubelets that must not
+// be dialled).
 package metricsserver
 
 import (
@@ -15,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,6 +29,7 @@ import (
 	aggregator "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	"k8s.io/utils/ptr"
 
+	"kube-overcommit/tests/cluster/internal/hollownode"
 	"kube-overcommit/tests/cluster/internal/pki"
 	"kube-overcommit/tests/cluster/internal/runfiles"
 	"kube-overcommit/tests/cluster/internal/services"
@@ -63,6 +66,40 @@ func Args(run runfiles.Dir, files pki.Files, port int) []string {
 		// timeout (default 10 s).
 		"--metric-resolution=10s", "--kubelet-request-timeout=5s",
 	}
+}
+
+// nodeSelector is metrics-server's --node-selector: the caller's selector (may be empty) and
+// never a hollow node, whose kubelet must not be dialled (package hollownode).
+func nodeSelector(sel string) string {
+	if sel == "" {
+		return hollownode.Selector
+	}
+	return sel + "," + hollownode.Selector
+}
+
+// ExcludeHollow rewrites metrics-server flags so that hollow nodes stay excluded: every
+// --node-selector / -l (any form) goes, and one selector, the last one given combined with
+// the exclusion, is appended (pflag keeps the last value).
+func ExcludeHollow(args []string) []string {
+	var out []string
+	sel := ""
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--node-selector" || a == "-l":
+			if i+1 < len(args) {
+				sel = args[i+1]
+				i++
+			}
+		case strings.HasPrefix(a, "--node-selector="):
+			sel = strings.TrimPrefix(a, "--node-selector=")
+		case strings.HasPrefix(a, "-l"):
+			sel = strings.TrimPrefix(strings.TrimPrefix(a, "-l"), "=")
+		default:
+			out = append(out, a)
+		}
+	}
+	return append(out, "--node-selector="+nodeSelector(sel))
 }
 
 // RegisterWhenServing waits until metrics-server answers the aggregator's availability check

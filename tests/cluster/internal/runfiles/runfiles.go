@@ -11,6 +11,7 @@
 //	<run>/services/<ns>/<svc>  webhook backend registry (package services)
 //	<run>/stats/<prefix>.json  fake-node status-write statistics
 //	<run>/pods/<prefix>/...    pod-runner pods' directories (package podrunner)
+//	<run>/hollow/<node>/       a hollow kubelet's root dir, pod logs, fake runtime socket (package hollowkubelet)
 package runfiles
 
 import (
@@ -120,7 +121,7 @@ func (d Dir) ReadPid(name string) (int, error) {
 var LongRunning = map[string]bool{
 	"supervise": true, "etcd": true, "apiserver": true, "scheduler": true,
 	"controller-manager": true, "fake-nodes": true, "secret-volume": true, "pod-runner": true,
-	"metrics-server": true,
+	"metrics-server": true, "hollow-nodes": true, "hollow-node": true,
 }
 
 // Proc is a process of this run directory.

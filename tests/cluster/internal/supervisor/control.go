@@ -110,15 +110,17 @@ func Down(run runfiles.Dir, out io.Writer) error {
 		return nil
 	}
 	var supervisors []int
+	var supervisorProcs []runfiles.Proc
 	for _, p := range procs {
 		if p.Subcommand == "supervise" {
 			supervisors = append(supervisors, p.PID)
+			supervisorProcs = append(supervisorProcs, p)
 			_ = syscall.Kill(p.PID, syscall.SIGTERM)
 		}
 	}
-	if len(supervisors) > 0 {
-		waitGone(procs, 20*time.Second)
-	}
+	// The supervisor exits once its components have stopped; processes it does not own
+	// (fake-nodes, hollow-nodes, ... started by others) get their SIGTERM below.
+	waitGone(supervisorProcs, 20*time.Second)
 	for _, p := range procs {
 		if runfiles.Alive(p.PID) {
 			_ = syscall.Kill(p.PID, syscall.SIGTERM)
