@@ -13,6 +13,9 @@ package e2e
 // created, ratio changed, a node relabelled out and back in, a node opted out, the policy
 // deleted (restored to raw, annotations gone).
 //
+// TestNudgeReachesHollowNodes: the same on hollow kubelets (Kubernetes' own kubelet code) with
+// their default rhythm (status computed every 10 s, written when it changed or every 5 min).
+//
 // TestNodeGuard: as the ServiceAccount (with system:masters, so that only the guard can refuse),
 // every node change but allocatable and the two annotations is refused by the guard, and the
 // nudge, and a write of allocatable and the two annotations, are accepted.
@@ -64,7 +67,14 @@ func applyManifests(t *testing.T, c *harness.Cluster, files ...string) {
 }
 
 func TestNudgeReachesQuietNodes(t *testing.T) {
-	nudgeQuietNodes(t, nil, nil)
+	nudgeQuietNodes(t, nil, nil, false)
+}
+
+// TestNudgeReachesHollowNodes: the same on Kubernetes' own kubelet (kubemark's hollow kubelet,
+// tests/cluster README "Hollow nodes") with its defaults: status computed every 10 s, written
+// when it changed or every 5 min.
+func TestNudgeReachesHollowNodes(t *testing.T) {
+	nudgeQuietNodes(t, nil, nil, true)
 }
 
 // TestNudgeReachesQuietNodesInProcess: the same with `--mode=in-process` (the compiled policy
@@ -77,7 +87,7 @@ func TestNudgeReachesQuietNodesInProcess(t *testing.T) {
 		"deploy/components/in-process/rbac.yaml",
 		"deploy/components/in-process/policy.yaml",
 		"deploy/components/in-process/binding.yaml",
-	})
+	}, false)
 }
 
 // waitInForce waits until every replica reports the compiled policy in force.
@@ -96,7 +106,7 @@ func waitInForce(in *install.Installation) error {
 	})
 }
 
-func nudgeQuietNodes(t *testing.T, args, manifests []string) {
+func nudgeQuietNodes(t *testing.T, args, manifests []string, hollow bool) {
 	inProcess := len(manifests) > 0
 	c := harness.Start(t, harness.Options{})
 	ctx := harness.Context(t, 8*time.Minute)
@@ -134,21 +144,42 @@ func nudgeQuietNodes(t *testing.T, args, manifests []string) {
 		t.Fatal(err)
 	}
 
-	nodes, err := c.StartFakeNodes(harness.FakeNodesOptions{Prefix: "quiet", Count: 3, Args: []string{
-		fmt.Sprintf("--cpu=%d", ocNodeCPU), "--labels=nudge=pool",
-		"--status-update-frequency=5m", "--status-report-frequency=5m",
-	}})
-	if err != nil {
-		t.Fatal(err)
+	var nodes *harness.FakeNodes
+	var names []string
+	if hollow {
+		h, err := c.StartHollowNodes(harness.HollowNodesOptions{Prefix: "quiet", Count: 3, Args: []string{
+			fmt.Sprintf("--cpu=%d", ocNodeCPU), "--memory=8Gi", "--labels=nudge=pool",
+			"--status-update-frequency=10s", "--status-report-frequency=5m",
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = h.Stop() })
+		if err := h.WaitReady(ctx, 3*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		names = h.Names
+	} else {
+		nodes, err = c.StartFakeNodes(harness.FakeNodesOptions{Prefix: "quiet", Count: 3, Args: []string{
+			fmt.Sprintf("--cpu=%d", ocNodeCPU), "--labels=nudge=pool",
+			"--status-update-frequency=5m", "--status-report-frequency=5m",
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = nodes.Stop() })
+		names = nodes.Names
 	}
-	t.Cleanup(func() { _ = nodes.Stop() })
 	raw := fmt.Sprint(ocNodeCPU)
-	for _, n := range nodes.Names {
+	for _, n := range names {
 		if err := waitNode(ctx, cs, n, 60*time.Second, nodeReady, cpuIs(raw), notAnnotated); err != nil {
 			t.Fatal(err)
 		}
 	}
-	writesBefore := kubeletWrites(t, nodes)
+	var writesBefore int64
+	if !hollow {
+		writesBefore = kubeletWrites(t, nodes)
+	}
 
 	// Each step: a change, and what every node must show within the deadline.
 	policy := func(ratio string) *unstructured.Unstructured {
@@ -172,7 +203,7 @@ func nudgeQuietNodes(t *testing.T, args, manifests []string) {
 		}
 	}
 	policies := dyn.Resource(ocPolicies)
-	q0, q1, q2 := nodes.Names[0], nodes.Names[1], nodes.Names[2]
+	q0, q1, q2 := names[0], names[1], names[2]
 	steps := []struct {
 		name   string
 		change func() error
@@ -244,8 +275,10 @@ func nudgeQuietNodes(t *testing.T, args, manifests []string) {
 			}
 		}
 	}
-	t.Logf("kubelet status writes during the steps: %d (before: %d); each node syncs every 5 min",
-		kubeletWrites(t, nodes), writesBefore)
+	if !hollow {
+		t.Logf("kubelet status writes during the steps: %d (before: %d); each node syncs every 5 min",
+			kubeletWrites(t, nodes), writesBefore)
+	}
 
 	// The leader's metrics: nudges sent, none failed, the lag observed, nothing out of date.
 	err = harness.Eventually(15*time.Second, 200*time.Millisecond, func() error {
