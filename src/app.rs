@@ -295,6 +295,7 @@ async fn in_process_context(
         writer: args.in_process_policy,
         policies: store.clone(),
         heartbeat_refresh: args.heartbeat_refresh,
+        nudger: leader::service_account_user(&shared.namespace, &args.leader.service_account),
         flag: Default::default(),
         in_force: shared.metrics.in_process_in_force.clone(),
     })

@@ -15,8 +15,8 @@ use overcommit_core::policy::PolicySet;
 use serde_json::Value;
 
 use crate::duration::duration_arg;
-use crate::leader::DEFAULT_CONFIG_NAME;
 use crate::leader::compiled_policy::named;
+use crate::leader::{DEFAULT_CONFIG_NAME, DEFAULT_SERVICE_ACCOUNT, service_account_user};
 
 #[derive(Debug, clap::Args)]
 pub struct CompileArgs {
@@ -37,6 +37,21 @@ pub struct CompileArgs {
     /// review.
     #[arg(long, env = "KUBE_OVERCOMMIT_HEARTBEAT_REFRESH", default_value = "5m", value_parser = duration_arg)]
     pub heartbeat_refresh: Duration,
+    /// The namespace the replicas run in, as `serve --namespace`: with --service-account, the
+    /// user whose node status writes (the leader's nudges) the compiled policy takes.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_NAMESPACE",
+        default_value = "kube-overcommit"
+    )]
+    pub namespace: String,
+    /// The replicas' ServiceAccount, as `serve --service-account`.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_SERVICE_ACCOUNT",
+        default_value = DEFAULT_SERVICE_ACCOUNT
+    )]
+    pub service_account: String,
 }
 
 /// The JSON List of the compiled policy and binding named `name`, and the policies compiled
@@ -45,8 +60,9 @@ pub fn output(
     policies: &PolicySet,
     name: &str,
     heartbeat_refresh: Duration,
+    nudger: &str,
 ) -> (Value, Vec<String>, Vec<String>) {
-    let compiled = inprocess::compile(policies, heartbeat_refresh);
+    let compiled = inprocess::compile(policies, heartbeat_refresh, nudger);
     let (policy, binding) = named(compiled.policy, compiled.binding, name);
     let list = serde_json::json!({
         "apiVersion": "v1",
@@ -58,8 +74,13 @@ pub fn output(
 
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let policies = crate::review::read_policy_file(&args.policy_file)?;
-    let (list, in_process, webhook) =
-        output(&policies, &args.webhook_config_name, args.heartbeat_refresh);
+    let nudger = service_account_user(&args.namespace, &args.service_account);
+    let (list, in_process, webhook) = output(
+        &policies,
+        &args.webhook_config_name,
+        args.heartbeat_refresh,
+        &nudger,
+    );
     let mut stdout = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut stdout, &list)?;
     stdout.write_all(b"\n")?;
@@ -105,8 +126,9 @@ mod tests {
             PolicySet::new(overcommit_core::policy::parse_policy_file(STATIC).unwrap()).unwrap();
         let refresh = Duration::from_secs(300);
         for name in ["kube-overcommit", "other"] {
-            let (list, in_process, _) = output(&set, name, refresh);
-            let want = desired(&set, Path::InProcess, name, refresh).unwrap();
+            let nudger = "system:serviceaccount:kube-overcommit:kube-overcommit";
+            let (list, in_process, _) = output(&set, name, refresh, nudger);
+            let want = desired(&set, Path::InProcess, name, refresh, nudger).unwrap();
             assert_eq!(list["items"][0], want.policy, "{name}: policy");
             assert_eq!(list["items"][1], want.binding, "{name}: binding");
             assert_eq!(list["items"][1]["spec"]["policyName"], name, "{name}");
@@ -137,5 +159,9 @@ mod tests {
         let named =
             Cli::try_parse_from(["x", "--policy-file", "p", "--webhook-config-name", "n"]).unwrap();
         assert_eq!(named.compile.webhook_config_name, "n");
+        assert_eq!(
+            service_account_user(&compile.compile.namespace, &compile.compile.service_account),
+            service_account_user("kube-overcommit", &serve.leader.service_account),
+        );
     }
 }

@@ -67,17 +67,19 @@ pub struct Desired {
 }
 
 /// The objects for `policies` on `path`, named `name`, with quiet heartbeats refreshed every
-/// `heartbeat_refresh` (`serve --heartbeat-refresh`; zero: none).
+/// `heartbeat_refresh` (`serve --heartbeat-refresh`; zero: none), taking the status writes of
+/// `nudger` (the leader's nudges) besides the kubelets'.
 pub fn desired(
     policies: &PolicySet,
     path: Path,
     name: &str,
     heartbeat_refresh: Duration,
+    nudger: &str,
 ) -> Option<Desired> {
     if path == Path::Webhook {
         return None;
     }
-    let compiled = inprocess::compile(policies, heartbeat_refresh);
+    let compiled = inprocess::compile(policies, heartbeat_refresh, nudger);
     if compiled.in_process.is_empty() {
         return None;
     }
@@ -323,6 +325,7 @@ mod tests {
     }
 
     const REFRESH: Duration = Duration::from_secs(300);
+    const NUDGER: &str = "system:serviceaccount:kube-overcommit:kube-overcommit";
     const STATIC: &str = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: s}\nspec:\n  nodeRatios: {cpu: \"2\"}\n";
     const USAGE: &str = "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: u}\nspec:\n  nodeRatios: {cpu: \"2\"}\n  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n";
 
@@ -336,12 +339,12 @@ mod tests {
         ];
         for (what, yaml, path, some) in cases {
             assert_eq!(
-                desired(&set(yaml), path, "ko", REFRESH).is_some(),
+                desired(&set(yaml), path, "ko", REFRESH, NUDGER).is_some(),
                 some,
                 "{what}"
             );
         }
-        let d = desired(&set(STATIC), Path::InProcess, "ko", REFRESH).unwrap();
+        let d = desired(&set(STATIC), Path::InProcess, "ko", REFRESH, NUDGER).unwrap();
         assert_eq!(d.policy["metadata"]["name"], "ko");
         assert_eq!(d.binding["metadata"]["name"], "ko");
         assert_eq!(d.binding["spec"]["policyName"], "ko");
@@ -352,7 +355,7 @@ mod tests {
 
     #[test]
     fn drift_table() {
-        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH).unwrap();
+        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH, NUDGER).unwrap();
         type Edit = fn(&mut Value);
         let cases: Vec<(&str, Edit, bool)> = vec![
             ("unchanged", |_| {}, false),
@@ -455,7 +458,7 @@ mod tests {
 
     #[test]
     fn upkeep_table() {
-        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH)
+        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH, NUDGER)
             .unwrap()
             .policy;
         let empty = placeholder("ko");
@@ -539,7 +542,7 @@ mod tests {
 
     #[test]
     fn object_state_table() {
-        let d = desired(&set(STATIC), Path::InProcess, "ko", REFRESH).unwrap();
+        let d = desired(&set(STATIC), Path::InProcess, "ko", REFRESH, NUDGER).unwrap();
         let want = d.binding.clone();
         let mut widened = want.clone();
         widened["spec"]
@@ -585,6 +588,7 @@ mod tests {
             Path::InProcess,
             "ko",
             REFRESH,
+            NUDGER,
         )
         .unwrap();
         assert_eq!(
@@ -610,7 +614,14 @@ mod tests {
             serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
         };
         let shipped = read("binding.yaml");
-        let want = desired(&set(STATIC), Path::InProcess, "kube-overcommit", REFRESH).unwrap();
+        let want = desired(
+            &set(STATIC),
+            Path::InProcess,
+            "kube-overcommit",
+            REFRESH,
+            NUDGER,
+        )
+        .unwrap();
         assert_eq!(
             shipped["metadata"]["name"],
             want.binding["metadata"]["name"]
@@ -632,12 +643,13 @@ mod tests {
 
     #[test]
     fn in_force_table() {
-        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH).unwrap();
+        let want = desired(&set(STATIC), Path::InProcess, "ko", REFRESH, NUDGER).unwrap();
         let other = desired(
             &set(&STATIC.replace("\"2\"", "\"3\"")),
             Path::InProcess,
             "ko",
             REFRESH,
+            NUDGER,
         )
         .unwrap();
         let cases = [

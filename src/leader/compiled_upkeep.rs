@@ -80,8 +80,13 @@ impl Compiled {
         if !webhook_path && !c.policies.is_synced() {
             return Ok(());
         }
-        let want =
-            compiled_policy::desired(&c.policies.current(), c.path, name, c.heartbeat_refresh);
+        let want = compiled_policy::desired(
+            &c.policies.current(),
+            c.path,
+            name,
+            c.heartbeat_refresh,
+            &c.nudger,
+        );
         match self.keep(claim, metrics, name, want.as_ref()).await {
             Ok(()) => {
                 self.stale_checked.store(webhook_path, Ordering::Relaxed);

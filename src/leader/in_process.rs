@@ -45,6 +45,9 @@ pub struct InProcessContext {
     pub policies: PolicyStore,
     /// `serve --heartbeat-refresh`: the compiled policy's quiet heartbeats, as the webhook's.
     pub heartbeat_refresh: Duration,
+    /// The user whose node status writes are the leader's nudges (`serve --service-account`):
+    /// the compiled policy's match condition takes them.
+    pub nudger: String,
     /// `admission::Settings::in_process`.
     pub flag: Arc<AtomicBool>,
     /// `kube_overcommit_in_process_in_force`: the flag, exported.
@@ -155,8 +158,13 @@ impl Want {
         if self.set.as_ref().is_some_and(|s| Arc::ptr_eq(s, &current)) {
             return;
         }
-        self.desired =
-            compiled_policy::desired(&current, context.path, name, context.heartbeat_refresh);
+        self.desired = compiled_policy::desired(
+            &current,
+            context.path,
+            name,
+            context.heartbeat_refresh,
+            &context.nudger,
+        );
         self.set = Some(current);
     }
 }
@@ -304,7 +312,8 @@ mod tests {
         let docs = overcommit_core::policy::parse_policy_file(yaml).unwrap();
         let set = PolicySet::new(docs).unwrap();
         let want =
-            compiled_policy::desired(&set, Path::InProcess, "n", Duration::from_secs(300)).unwrap();
+            compiled_policy::desired(&set, Path::InProcess, "n", Duration::from_secs(300), "u")
+                .unwrap();
         let seen = |v: &Value| Seen {
             object: Some(v.clone()),
             listing: None,

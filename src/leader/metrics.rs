@@ -362,6 +362,16 @@ mod tests {
                 unit: "core".into(),
             })
             .set(4.0);
+        let nudge = m.with_registry(super::super::nudger::NudgeMetrics::new);
+        for result in ["sent", "failed"] {
+            nudge
+                .nudges
+                .get_or_create(&super::super::nudger::NudgeLabels {
+                    result: result.into(),
+                })
+                .inc();
+        }
+        nudge.lag.observe(1.5);
         let (families, series) = exposition(&m.encode());
         assert!(families.len() > 20, "{families:?}");
         // Every family has a sample: one registered but left empty here would hide its labels.

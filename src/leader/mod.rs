@@ -32,6 +32,8 @@
 //! - `policy_status`: while leading, the `status` of every OvercommitPolicy, batched (at most
 //!   one write per policy every 5 s, only when it differs); computed by
 //!   `overcommit_core::policy::status`.
+//! - `nudge` (pure) and `nudger` (its I/O): while leading, an empty status PATCH to each node
+//!   the policies would change, so that a policy change reaches nodes whose kubelet is quiet.
 //! - `node_metrics`: while leading, `kube_overcommit_node_raw_allocatable` from a metadata-only
 //!   watch of nodes (`raw_allocatable`: the pure reading of the annotation); cleared when
 //!   leadership is lost, so one replica per cluster exports it.
@@ -46,6 +48,8 @@ pub mod in_process;
 pub mod lease_lock;
 pub mod metrics;
 pub mod node_metrics;
+pub mod nudge;
+pub mod nudger;
 pub mod policy_status;
 pub mod raw_allocatable;
 pub mod readiness;
@@ -58,6 +62,13 @@ pub mod webhook_config;
 /// The default name of the webhook configurations and of the compiled admission policy and
 /// binding (`--webhook-config-name`; `compile-inprocess` takes the same flag).
 pub const DEFAULT_CONFIG_NAME: &str = "kube-overcommit";
+/// The default ServiceAccount of the replicas (`--service-account`).
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "kube-overcommit";
+
+/// The user name the API server gives ServiceAccount `name` of `namespace`.
+pub fn service_account_user(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,6 +84,7 @@ use self::controller::{Controller, ControllerSettings};
 use self::election::{Claim, ElectionSettings};
 use self::in_process::InProcessContext;
 use self::metrics::LeaderMetrics;
+use self::nudger::{NudgeMetrics, NudgeSettings};
 use self::readiness::{ReadinessCheck, ServedCertificate};
 use self::webhook_config::WebhookSettings;
 use crate::duration::duration_arg;
@@ -85,6 +97,13 @@ fn timeout_arg(text: &str) -> Result<i32, String> {
         .parse()
         .map_err(|_| format!("not a number: {text:?}"))?;
     webhook_config::valid_timeout(n)
+}
+
+fn rate_arg(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && (0.0..=1000.0).contains(&rate) => Ok(rate),
+        _ => Err(format!("not a rate from 0 to 1000 per second: {text:?}")),
+    }
 }
 
 /// Leader, certificate and webhook-configuration flags (flattened into `serve`).
@@ -181,6 +200,17 @@ pub struct LeaderArgs {
     /// trusted before any leaf comes from it.
     #[arg(long, env = "KUBE_OVERCOMMIT_CERT_MANAGER_CA_SECRET")]
     pub cert_manager_ca_secret: Option<String>,
+    /// The ServiceAccount the replicas run as (in --namespace): the node webhook and the
+    /// compiled policy take its node status writes, the leader's nudges.
+    #[arg(
+        long,
+        env = "KUBE_OVERCOMMIT_SERVICE_ACCOUNT",
+        default_value = DEFAULT_SERVICE_ACCOUNT
+    )]
+    pub service_account: String,
+    /// Nudges per second: empty status PATCHes to nodes the policies would change (0: none).
+    #[arg(long, env = "KUBE_OVERCOMMIT_NUDGE_RATE", default_value = "50", value_parser = rate_arg)]
+    pub nudge_rate: f64,
     /// Run the leader election (default: on when a kube config is available).
     #[arg(long, env = "KUBE_OVERCOMMIT_LEADER_ELECTION")]
     pub leader_election: Option<bool>,
@@ -220,6 +250,18 @@ impl LeaderArgs {
             .ok_or(LeaderError::NoIdentity)
     }
 
+    /// The user whose node status writes are the nudges: the ServiceAccount's.
+    pub fn nudger(&self) -> String {
+        service_account_user(&self.namespace, &self.service_account)
+    }
+
+    fn nudge(&self) -> NudgeSettings {
+        NudgeSettings {
+            rate: self.nudge_rate,
+            nudger: self.nudger(),
+        }
+    }
+
     /// The DNS name the API server dials (and the leaf must carry).
     pub fn server_name(&self) -> String {
         format!("{}.{}.svc", self.service_name, self.namespace)
@@ -248,6 +290,7 @@ impl LeaderArgs {
             service_name: self.service_name.clone(),
             timeout_seconds: self.webhook_timeout_seconds,
             request_cap: self.request_cap,
+            nudger: self.nudger(),
             injection: cert_source::injection(
                 self.cert_source,
                 &self.namespace,
@@ -276,6 +319,13 @@ impl Running {
     }
 }
 
+/// The leader part's metrics.
+#[derive(Clone)]
+pub struct PartMetrics {
+    pub leader: LeaderMetrics,
+    pub nudge: NudgeMetrics,
+}
+
 /// Start the replica report, the caBundle watch and (when enabled) the election with the
 /// leader loop. Everything ends when `shutdown` says stop.
 pub fn start(
@@ -283,10 +333,14 @@ pub fn start(
     args: &LeaderArgs,
     election: bool,
     served: Arc<dyn ServedCertificate>,
-    metrics: LeaderMetrics,
+    metrics: PartMetrics,
     in_process: InProcessContext,
     shutdown: Signal,
 ) -> Result<Running, LeaderError> {
+    let PartMetrics {
+        leader: metrics,
+        nudge,
+    } = metrics;
     args.validate()?;
     let identity = args.identity()?;
     let mut tasks = Vec::new();
@@ -322,8 +376,14 @@ pub fn start(
     )));
 
     let claim = if election {
-        let (claim, election_task, leader_task) =
-            start_election(client, args, &identity, metrics, in_process, shutdown);
+        let (claim, election_task, leader_task) = start_election(
+            client,
+            args,
+            &identity,
+            (metrics, nudge),
+            in_process,
+            shutdown,
+        );
         tasks.extend([election_task, leader_task]);
         claim
     } else {
@@ -342,7 +402,7 @@ fn start_election(
     client: Client,
     args: &LeaderArgs,
     identity: &str,
-    metrics: LeaderMetrics,
+    (metrics, nudge): (LeaderMetrics, NudgeMetrics),
     in_process: InProcessContext,
     shutdown: Signal,
 ) -> (Claim, JoinHandle<()>, JoinHandle<()>) {
@@ -365,7 +425,7 @@ fn start_election(
         client,
         args.controller(),
         claim.clone(),
-        metrics,
+        (metrics, nudge, args.nudge()),
         in_process,
         shutdown,
     ));
@@ -377,7 +437,7 @@ async fn supervise(
     client: Client,
     settings: ControllerSettings,
     claim: Claim,
-    metrics: LeaderMetrics,
+    (metrics, nudge_metrics, nudge): (LeaderMetrics, NudgeMetrics, NudgeSettings),
     in_process: InProcessContext,
     shutdown: Signal,
 ) {
@@ -403,6 +463,13 @@ async fn supervise(
             in_process.clone(),
             metrics.policy_status.clone(),
         ));
+        let nudge_task = tokio::spawn(nudger::run(
+            client.clone(),
+            in_process.policies.clone(),
+            claim.clone(),
+            nudge.clone(),
+            nudge_metrics.clone(),
+        ));
         let mut ended_by_itself = false;
         let mut stopping = false;
         tokio::select! {
@@ -413,6 +480,9 @@ async fn supervise(
         task.abort();
         node_task.abort();
         status_task.abort();
+        nudge_task.abort();
+        let _ = nudge_task.await;
+        nudge_metrics.clear();
         // Only once the task has stopped can no late update bring a series back.
         let _ = node_task.await;
         node_metrics::clear(&metrics);
@@ -544,7 +614,10 @@ pub async fn start_in_serve(
     let mut args = args.clone();
     args.namespace = context.namespace;
     args.request_cap = context.request_cap;
-    let metrics = context.metrics.with_registry(LeaderMetrics::new);
+    let metrics = PartMetrics {
+        leader: context.metrics.with_registry(LeaderMetrics::new),
+        nudge: context.metrics.with_registry(NudgeMetrics::new),
+    };
     start(
         client,
         &args,

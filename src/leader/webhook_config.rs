@@ -6,8 +6,9 @@
 //! - `nodes.overcommit.dev`: UPDATE nodes/status and CREATE nodes. No object selector: the node
 //!   rule itself honours `overcommit.dev/disabled=true`, so that opting out restores the raw
 //!   allocatable and removes the annotations at the next status write (docs/architecture.md
-//!   rule 3.7). A match condition sends it only registrations (CREATE) and status writes by
-//!   nodes (the group `system:nodes`): the API server does not call the webhook for other status
+//!   rule 3.7). A match condition sends it only registrations (CREATE), status writes by
+//!   nodes (the group `system:nodes`) and the leader's nudges (status writes by the
+//!   ServiceAccount, `nudge`): the API server does not call the webhook for other status
 //!   writers (node-problem-detector, controllers, users), whose writes keep the stored allocatable.
 //! - `pods.overcommit.dev`: CREATE pods in namespaces labelled
 //!   `overcommit.dev/pod-defaults=enabled`, never in kube-system or the webhook's own namespace
@@ -44,6 +45,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use serde_json::{Value, json};
 
+use overcommit_core::inprocess;
 use overcommit_core::policy::POD_DEFAULTS_NAMESPACE_LABEL;
 
 use super::cert_source::{INJECTION_ANNOTATIONS, Injection};
@@ -56,11 +58,6 @@ pub const DISABLED_LABEL: &str = "overcommit.dev/disabled";
 pub const NODES_WEBHOOK: &str = "nodes.overcommit.dev";
 /// Name of the pod webhook inside the configuration.
 pub const PODS_WEBHOOK: &str = "pods.overcommit.dev";
-/// Match condition of the node webhook: registrations, and status writes by kubelets.
-pub const NODES_CONDITION: (&str, &str) = (
-    "node-registration-or-kubelet",
-    "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in request.userInfo.groups)",
-);
 /// Match condition of the pod webhook: never the mirror pods a kubelet makes of static pods.
 pub const PODS_CONDITION: (&str, &str) = (
     "not-a-mirror-pod",
@@ -89,6 +86,9 @@ pub struct WebhookSettings {
     pub request_cap: bool,
     /// `--cert-source=cert-manager`: cainjector's annotation on both configurations.
     pub injection: Option<Injection>,
+    /// The user whose node status writes are the leader's nudges (the ServiceAccount's): the
+    /// node webhook's match condition takes them (`inprocess::match_condition`).
+    pub nudger: String,
 }
 
 fn rule(operation: &str, resource: &str, scope: &str) -> RuleWithOperations {
@@ -151,7 +151,13 @@ fn webhook_at(
 
 /// The configuration as it must be.
 pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfiguration {
-    let mut nodes = webhook(s, NODES_WEBHOOK, ca_bundle, NODES_CONDITION);
+    let nodes_condition = inprocess::match_condition(&s.nudger);
+    let mut nodes = webhook(
+        s,
+        NODES_WEBHOOK,
+        ca_bundle,
+        (inprocess::MATCH_CONDITION_NAME, &nodes_condition),
+    );
     nodes.rules = Some(vec![
         rule("UPDATE", "nodes/status", "Cluster"),
         rule("CREATE", "nodes", "Cluster"),
@@ -572,6 +578,7 @@ mod tests {
             timeout_seconds: 2,
             request_cap: false,
             injection: None,
+            nudger: "system:serviceaccount:kube-overcommit:kube-overcommit".into(),
         }
     }
 
@@ -824,6 +831,13 @@ mod tests {
             conditions(&hooks[0])[0]
                 .1
                 .contains("request.operation == 'CREATE'")
+        );
+        assert!(
+            conditions(&hooks[0])[0].1.ends_with(
+                "|| request.userInfo.username == \
+                 'system:serviceaccount:kube-overcommit:kube-overcommit'"
+            ),
+            "the leader's nudges, and no other user's"
         );
         assert_eq!(conditions(&hooks[1]).len(), 1);
         assert!(

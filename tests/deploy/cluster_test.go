@@ -510,7 +510,10 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{false, "get", "", "nodes", "some-node", ""},
 		{false, "update", "", "nodes", "some-node", ""},
 		{false, "patch", "", "nodes", "some-node", ""},
-		{false, "patch", "", "nodes/status", "some-node", ""},
+		// The leader's nudges (an empty status patch; the node guard bounds what it may change).
+		{true, "patch", "", "nodes/status", "some-node", ""},
+		{false, "update", "", "nodes/status", "some-node", ""},
+		{false, "get", "", "nodes/status", "some-node", ""},
 		{false, "delete", "", "nodes", "some-node", ""},
 		// Usage policies and the placement cap: every replica lists, watches and gets pods (the
 		// cap reads a pod its watch has not shown yet), and that is all it may do with them.
@@ -675,8 +678,9 @@ func leaderConfig(ns string) *admissionregistrationv1.MutatingWebhookConfigurati
 		return admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{op},
 			Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{resource}, Scope: &scope}}
 	}
-	nodes := hook("nodes.overcommit.dev", admissionregistrationv1.MatchCondition{Name: "node-registration-or-kubelet",
-		Expression: "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in request.userInfo.groups)"},
+	nodes := hook("nodes.overcommit.dev", admissionregistrationv1.MatchCondition{Name: "node-registration-kubelet-or-nudge",
+		Expression: "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in request.userInfo.groups) || " +
+			"request.userInfo.username == 'system:serviceaccount:" + ns + ":kube-overcommit'"},
 		rule(admissionregistrationv1.Update, "nodes/status", admissionregistrationv1.ClusterScope),
 		rule(admissionregistrationv1.Create, "nodes", admissionregistrationv1.ClusterScope))
 	pods := hook("pods.overcommit.dev", admissionregistrationv1.MatchCondition{Name: "not-a-mirror-pod",

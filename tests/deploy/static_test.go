@@ -146,6 +146,8 @@ func TestStaticInstallContainsEverything(t *testing.T) {
 		"PodDisruptionBudget/kube-overcommit/kube-overcommit",
 		"ValidatingAdmissionPolicy//kube-overcommit-webhook-guard",
 		"ValidatingAdmissionPolicyBinding//kube-overcommit-webhook-guard",
+		"ValidatingAdmissionPolicy//kube-overcommit-node-guard",
+		"ValidatingAdmissionPolicyBinding//kube-overcommit-node-guard",
 	}
 	if got := keys(r.kustomize); !reflect.DeepEqual(got, sorted(want)) {
 		t.Errorf("deploy/ renders\n  %v\nwant\n  %v", got, sorted(want))
@@ -673,6 +675,8 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 			// The request cap reads a pod its watch has not shown yet (one GET per such binding).
 			allowed[grant{"", "pods", "", "get"}] = true
 			allowed[grant{"metrics.k8s.io", "nodes", "", "list"}] = true
+			// The leader's nudges: an empty merge patch of node status (the node guard bounds it).
+			allowed[grant{"", "nodes/status", "", "patch"}] = true
 			rules := append(slices.Clone(role.Rules), cr.Rules...)
 			if ip := Find(objs, "ClusterRole", "kube-overcommit-in-process"); ip != nil {
 				if !inProcess {

@@ -49,12 +49,19 @@ use crate::quantity::Ratio;
 
 /// Name of the compiled MutatingAdmissionPolicy and of its binding.
 pub const POLICY_NAME: &str = "nodes.overcommit.dev";
-/// Which writes the compiled policy sees: the node webhook's match condition (registrations,
-/// and status writes by kubelets).
-pub const MATCH_CONDITION: (&str, &str) = (
-    "node-registration-or-kubelet",
-    "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in request.userInfo.groups)",
-);
+/// Name of the match condition of the node webhook and of the compiled policy.
+pub const MATCH_CONDITION_NAME: &str = "node-registration-kubelet-or-nudge";
+
+/// Which node writes the node webhook and the compiled policy see: registrations, status writes
+/// by kubelets (the group `system:nodes`), and the leader's nudges, the status writes of the
+/// user `nudger` (the ServiceAccount's, `system:serviceaccount:NS:NAME`), and no other user's.
+pub fn match_condition(nudger: &str) -> String {
+    format!(
+        "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in \
+         request.userInfo.groups) || request.userInfo.username == {}",
+        lit(nudger)
+    )
+}
 
 const RAW_KEY: &str = crate::node::RAW_ALLOCATABLE_ANNOTATION;
 const APPLIED_KEY: &str = crate::node::APPLIED_ANNOTATION;
@@ -121,8 +128,9 @@ pub fn applied_text(policy: &CompiledPolicy) -> String {
 }
 
 /// Compile the policy set; `heartbeat_refresh` is `serve --heartbeat-refresh` (zero, or below a
-/// millisecond as the webhook reads it: no quiet heartbeats).
-pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration) -> Compiled {
+/// millisecond as the webhook reads it: no quiet heartbeats); `nudger` the user whose status
+/// writes are the leader's nudges (`match_condition`).
+pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) -> Compiled {
     let mut in_process = Vec::new();
     let mut webhook = Vec::new();
     // (selector expression, choice) in the order `for_node` tries them.
@@ -267,7 +275,7 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration) -> Compiled {
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
             "matchConstraints": node_writes(),
-            "matchConditions": [{"name": MATCH_CONDITION.0, "expression": MATCH_CONDITION.1}],
+            "matchConditions": [{"name": MATCH_CONDITION_NAME, "expression": match_condition(nudger)}],
             "variables": variables,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch_expression(heartbeats)}}],
         },

@@ -12,6 +12,8 @@ use crate::policy::parse_policy_file;
 
 /// `serve --heartbeat-refresh`'s default.
 const REFRESH: Duration = Duration::from_secs(300);
+/// The ServiceAccount of the default install, whose status writes are the nudges.
+const NUDGER: &str = "system:serviceaccount:kube-overcommit:kube-overcommit";
 
 fn policies(yaml: &str) -> PolicySet {
     match parse_policy_file(yaml).and_then(PolicySet::new) {
@@ -61,7 +63,7 @@ spec:
 
 #[test]
 fn static_policies_go_in_process_the_others_stay_on_the_webhook_in_priority_order() {
-    let compiled = compile(&policies(SET), REFRESH);
+    let compiled = compile(&policies(SET), REFRESH, NUDGER);
     assert_eq!(compiled.in_process, ["gpu", "everything"]);
     assert_eq!(compiled.webhook, ["usage"]);
     let choice = compiled.policy["spec"]["variables"][1]["expression"]
@@ -83,7 +85,7 @@ fn static_policies_go_in_process_the_others_stay_on_the_webhook_in_priority_orde
 
 #[test]
 fn the_compiled_objects_match_what_the_node_webhook_matches_and_fail_open() {
-    let compiled = compile(&policies(SET), REFRESH);
+    let compiled = compile(&policies(SET), REFRESH, NUDGER);
     let spec = &compiled.policy["spec"];
     assert_eq!(spec["failurePolicy"], "Ignore");
     assert_eq!(spec["reinvocationPolicy"], "Never");
@@ -92,7 +94,13 @@ fn the_compiled_objects_match_what_the_node_webhook_matches_and_fail_open() {
     assert_eq!(rules[0]["resources"][0], "nodes/status");
     assert_eq!(rules[1]["operations"][0], "CREATE");
     assert_eq!(rules[1]["resources"][0], "nodes");
-    assert_eq!(spec["matchConditions"][0]["expression"], MATCH_CONDITION.1);
+    assert_eq!(spec["matchConditions"][0]["name"], MATCH_CONDITION_NAME);
+    assert_eq!(
+        spec["matchConditions"][0]["expression"],
+        "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in \
+         request.userInfo.groups) || request.userInfo.username == \
+         'system:serviceaccount:kube-overcommit:kube-overcommit'"
+    );
     assert_eq!(spec["mutations"][0]["patchType"], "JSONPatch");
     assert_eq!(compiled.binding["spec"]["policyName"], POLICY_NAME);
     assert_eq!(compiled.policy["metadata"]["name"], POLICY_NAME);
@@ -168,7 +176,7 @@ fn applied_text_is_what_the_node_rule_writes() {
             .unwrap_or_default();
         let policy = set.policies().find(|p| p.name == name);
         assert_eq!(policy.map(applied_text).as_deref(), Some(*want));
-        let table = compile(&set, REFRESH).policy["spec"]["variables"][4]["expression"]
+        let table = compile(&set, REFRESH, NUDGER).policy["spec"]["variables"][4]["expression"]
             .as_str()
             .unwrap_or_default()
             .to_string();
@@ -210,7 +218,7 @@ fn literals_are_escaped() {
 
 #[test]
 fn ratios_are_compiled_to_exact_millionths_without_ones() {
-    let compiled = compile(&policies(SET), REFRESH);
+    let compiled = compile(&policies(SET), REFRESH, NUDGER);
     let ratios = compiled.policy["spec"]["variables"][2]["expression"]
         .as_str()
         .unwrap_or_default()
@@ -284,7 +292,7 @@ fn quiet_heartbeats_are_compiled_with_the_refresh_period_and_not_when_it_is_off(
         (Duration::from_micros(999), None),
     ];
     for (refresh, bounds) in cases {
-        let compiled = compile(&policies(SET), refresh);
+        let compiled = compile(&policies(SET), refresh, NUDGER);
         let beats = variable(&compiled, "beats");
         let patch = patch(&compiled);
         match bounds {
@@ -312,7 +320,7 @@ fn quiet_heartbeats_are_compiled_with_the_refresh_period_and_not_when_it_is_off(
             }
         }
         // Everything else is the same with or without the rule.
-        let without = compile(&policies(SET), Duration::ZERO);
+        let without = compile(&policies(SET), Duration::ZERO, NUDGER);
         assert_eq!(compiled.in_process, without.in_process);
         assert_eq!(
             variable(&compiled, "rawRecord"),
@@ -323,7 +331,7 @@ fn quiet_heartbeats_are_compiled_with_the_refresh_period_and_not_when_it_is_off(
 
 #[test]
 fn every_condition_field_the_webhook_compares_is_compared() {
-    let beats = compile(&policies(SET), REFRESH).policy["spec"]["variables"]
+    let beats = compile(&policies(SET), REFRESH, NUDGER).policy["spec"]["variables"]
         .as_array()
         .and_then(|vs| vs.iter().find(|v| v["name"] == "beats"))
         .map(|v| v["expression"].as_str().unwrap_or_default().to_string())
