@@ -315,7 +315,7 @@ func TestInProcessOperatorApplied(t *testing.T) {
 	// apply is the operator: compile-inprocess of the policy file, applied as it is.
 	apply := func() {
 		t.Helper()
-		out, err := exec.Command(bin, "compile-inprocess", "--policy-file", rs.policy, "--webhook-config-name", ns).Output()
+		out, err := exec.Command(bin, "compile-inprocess", "--policy-file", rs.policy, "--webhook-config-name", ns, "--namespace", ns).Output()
 		if err != nil {
 			t.Fatalf("compile-inprocess: %v", err)
 		}
