@@ -19,6 +19,7 @@ pub mod patch;
 pub mod pod;
 pub mod pod_index;
 pub mod policy;
+pub mod policy_report;
 pub mod quantity;
 pub mod requests;
 

@@ -31,7 +31,7 @@
 //!   Secret; the leader acts on it and clears it.
 //! - `policy_status`: while leading, the `status` of every OvercommitPolicy, batched (at most
 //!   one write per policy every 5 s, only when it differs); computed by
-//!   `overcommit_core::policy::status`.
+//!   `overcommit_core::policy_report`.
 //! - `nudge` (pure) and `nudger` (its I/O): while leading, an empty status PATCH to each node
 //!   the policies would change, so that a policy change reaches nodes whose kubelet is quiet.
 //! - `node_metrics`: while leading, `kube_overcommit_node_raw_allocatable` from a metadata-only

@@ -1,6 +1,6 @@
 //! Leader only: the `status` of every OvercommitPolicy (what it did: nodes selected, carrying
 //! its generation, shadowed, opted out, on the usage fallback; Ready, Progressing, Degraded).
-//! The status is computed by `overcommit_core::policy::status` (pure, table-tested) from two
+//! The status is computed by `overcommit_core::policy_report` (pure, table-tested) from two
 //! watches: the policies, and node metadata (labels and the `overcommit.dev/applied`
 //! annotation, which records the policy's generation). Only what is needed of a node is kept.
 //!
@@ -23,9 +23,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use overcommit_core::node::APPLIED_ANNOTATION;
 use overcommit_core::policy::OvercommitPolicy;
-use overcommit_core::policy::status::{
-    InProcessState, NodeFacts, OvercommitPolicyStatus, desired_statuses,
-};
+use overcommit_core::policy::status::OvercommitPolicyStatus;
+use overcommit_core::policy_report::{InProcessState, NodeFacts, desired_statuses};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
