@@ -94,25 +94,7 @@ fn row(node: &NodeFacts, policies: &PolicySet, cluster: &ClusterPath) -> Row {
         NodeChoice::NoPolicy => ("-".to_string(), None, None),
         NodeChoice::OptedOut => ("opted-out".to_string(), None, None),
     };
-    let mut problems = Vec::new();
-    let applied: Option<AppliedSummary> =
-        node.annotations
-            .get(APPLIED_ANNOTATION)
-            .and_then(|text| match applied_summary(text) {
-                Ok(applied) => Some(applied),
-                Err(e) => {
-                    problems.push(format!("not readable: {e}"));
-                    None
-                }
-            });
-    let raw_record: BTreeMap<String, String> =
-        match node.annotations.get(RAW_ALLOCATABLE_ANNOTATION) {
-            None => BTreeMap::new(),
-            Some(text) => raw_allocatable_map(text).unwrap_or_else(|e| {
-                problems.push(format!("not readable: {e}"));
-                BTreeMap::new()
-            }),
-        };
+    let (applied, raw_record, mut problems) = read_annotations(node);
     let mut units = |what: &str, text: Option<&String>, resource: &str| {
         let text = text?;
         match Quantity::parse(text).and_then(|q| q.to_units_ceil(scale(resource))) {
@@ -168,6 +150,36 @@ fn row(node: &NodeFacts, policies: &PolicySet, cluster: &ClusterPath) -> Row {
         resources,
         problems,
     }
+}
+
+/// The node's two overcommit annotations as read, with what could not be read.
+fn read_annotations(
+    node: &NodeFacts,
+) -> (
+    Option<AppliedSummary>,
+    BTreeMap<String, String>,
+    Vec<String>,
+) {
+    let mut problems = Vec::new();
+    let applied: Option<AppliedSummary> =
+        node.annotations
+            .get(APPLIED_ANNOTATION)
+            .and_then(|text| match applied_summary(text) {
+                Ok(applied) => Some(applied),
+                Err(e) => {
+                    problems.push(format!("not readable: {e}"));
+                    None
+                }
+            });
+    let raw_record: BTreeMap<String, String> =
+        match node.annotations.get(RAW_ALLOCATABLE_ANNOTATION) {
+            None => BTreeMap::new(),
+            Some(text) => raw_allocatable_map(text).unwrap_or_else(|e| {
+                problems.push(format!("not readable: {e}"));
+                BTreeMap::new()
+            }),
+        };
+    (applied, raw_record, problems)
 }
 
 /// The scheduler's units: millicores for cpu, whole units otherwise.
