@@ -12,8 +12,10 @@
 //!   (`node::decide`) on the node as stored, as both object and oldObject: exactly when a nudge
 //!   changes something, and never when the node is at its policy (the rule does not compound,
 //!   rule 3.2: a nudge of such a node writes nothing). A node whose winning policy has
-//!   `spec.usage` is nudged only when the applied annotation names another policy: its values
-//!   come from usage the leader does not hold, and the webhook keeps them at each kubelet write.
+//!   `spec.usage` is nudged only when the applied annotation names another policy, or names it
+//!   with no usage values (the fallback: nudged with the backoff below until usage is known):
+//!   its values come from usage the leader does not hold, and the webhook keeps them at each
+//!   kubelet write.
 //! - `Backlog`: the nodes out of date, each nudged at once, then again after 2 s, 4 s, 8 s ...
 //!   (at most every 5 min) while it stays out of date: the replica that answers the nudge, or the
 //!   compiled policy, may not have the change yet (a second or two), or (a ServiceAccount other than the one in the match conditions) a
@@ -126,9 +128,14 @@ pub fn need(node: &NodeFacts, policies: &PolicySet) -> Need {
     if let NodeChoice::Policy(policy) = policies.for_node(&view.labels)
         && policy.usage.is_some()
     {
+        // On the fallback (no usage values written), a nudge lets the node follow usage once
+        // it is known, which a quiet kubelet would bring only at its next report.
         let applied = node.annotations.get(APPLIED_ANNOTATION);
+        let fallback = applied
+            .and_then(|text| node::applied_summary(text).ok())
+            .is_some_and(|a| a.usage.is_empty());
         return match applied.and_then(|text| applied_policy(text)) {
-            Some(name) if name == policy.name => Need::UpToDate,
+            Some(name) if name == policy.name && !fallback => Need::UpToDate,
             _ => Need::Apply,
         };
     }

@@ -142,15 +142,26 @@ fn need_table() {
             Need::UpToDate,
         ),
         (
-            "usage policy: applied in JSON names it",
+            "usage policy: applied in JSON names it, with usage values",
             node(
                 json!({"pool": "lent"}),
                 "16",
                 Some("cpu=8"),
-                Some(r#"{"policy":"lent","ratios":{"cpu":"2"}}"#),
+                Some(r#"{"policy":"lent","ratios":{"cpu":"2"},"usage":{"cpu":"16"}}"#),
             ),
             set(POLICIES),
             Need::UpToDate,
+        ),
+        (
+            "usage policy: on its fallback (no usage values): nudged until usage is known",
+            node(
+                json!({"pool": "lent"}),
+                "16",
+                Some("cpu=8"),
+                Some("policy=lent;ratios=cpu=2;generation=1"),
+            ),
+            set(POLICIES),
+            Need::Apply,
         ),
         (
             "usage policy: raw node",
