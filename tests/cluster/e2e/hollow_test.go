@@ -83,9 +83,11 @@ func TestHollowNodes(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = ms.Stop() })
 
+	writes := watchNodes(t, ctx, cs)
 	nodes := startHollow(t, ctx, c, start)
 	quietFrom := time.Now()
 	checkQuiet(t, c.RunDir, auditLog, nodes.Names, quietFrom)
+	quiet := [2]time.Time{quietFrom, time.Now()}
 
 	ns := "hollow-pods"
 	ocNamespace(t, ctx, cs, ns, nil)
@@ -104,6 +106,7 @@ func TestHollowNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkInflated(t, ctx, cs, auditLog, nodes.Names, created)
+	checkQuietWrites(t, writes, nodes.Names, quiet)
 
 	if err := admittedRunning(ctx, cs, ns, "fits-inflated", nodes.Names[0], "6"); err != nil {
 		t.Fatal(err)

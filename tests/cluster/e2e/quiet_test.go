@@ -120,15 +120,7 @@ func TestQuietHeartbeats(t *testing.T) {
 	t.Logf("installed: %s; policy %s (cpu x2, every node) loaded (%.1fs)", in.Summary(), quietPolicy, time.Since(start).Seconds())
 
 	// Every stored version of the nodes and their Leases from here on.
-	nodeHistory := watchHistory(t, ctx, func(ctx context.Context) ([]*corev1.Node, string, error) {
-		l, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return nil, "", err
-		}
-		return pointers(l.Items), l.ResourceVersion, nil
-	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-		return cs.CoreV1().Nodes().Watch(ctx, o)
-	})
+	nodeHistory := watchNodes(t, ctx, cs)
 	leaseHistory := watchHistory(t, ctx, func(ctx context.Context) ([]*coordinationv1.Lease, string, error) {
 		l, err := cs.CoordinationV1().Leases(corev1.NamespaceNodeLease).List(ctx, metav1.ListOptions{})
 		if err != nil {
