@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::admission::{Clock, Settings};
 use crate::duration::duration_arg;
+use crate::events::{EventMetrics, Recorder};
 use crate::leader::{self, LeaderArgs, readiness::ServedCertificate};
 use crate::metrics::Metrics;
 use crate::probes::{self, ProbeArgs, Readiness, ReadyFlag};
@@ -208,7 +209,6 @@ async fn start(
     let (resolver, reloader) = load_certificate(args, shared, provider.clone(), cert_ready);
     let store = PolicyStore::new(shared.metrics.clone(), policies_synced);
     let source = start_policy_source(args, store.clone(), shared.shutdown.clone()).await?;
-
     let in_process = in_process_context(args, shared, &store).await?;
     let path = in_process.path;
 
@@ -219,7 +219,8 @@ async fn start(
     shared.readiness.add_detail("usage", move || {
         detail.detail(in_force.current().has_usage())
     });
-    let (placement, placement_tasks) = start_placement(args, shared, &pods).await?;
+    let (events, events_task) = start_events(args, shared).await;
+    let (placement, placement_tasks) = start_placement(args, shared, &pods, &events).await?;
     let usage_task = start_usage(args, shared, store.clone(), usage.clone(), args.request_cap)?;
     let webhook = Arc::new(Webhook {
         policies: store.cell(),
@@ -259,7 +260,7 @@ async fn start(
     ));
     let probes = tokio::spawn(probe_serve);
     let server = tokio::spawn(server.run(shared.shutdown.clone()));
-    let leader = start_leader(&args.leader, args.request_cap, shared, resolver, in_process).await?;
+    let leader = start_leader(args, shared, resolver, in_process, events).await?;
     if path == crate::mode::Path::InProcess && leader.is_none() {
         anyhow::bail!(
             "--mode {}: the leader keeps the compiled policy, and the leader part is off (--leader-election=false)",
@@ -272,6 +273,7 @@ async fn start(
         background: [reloader, source, probes, usage_task]
             .into_iter()
             .chain(placement_tasks)
+            .chain(events_task)
             .collect(),
         leader,
     })
@@ -345,6 +347,7 @@ async fn start_placement(
     args: &ServeArgs,
     shared: &Shared,
     pods: &Arc<PodCache>,
+    events: &Recorder,
 ) -> anyhow::Result<(
     Option<Arc<dyn crate::placement::PlacementSource>>,
     Vec<JoinHandle<()>>,
@@ -367,7 +370,12 @@ async fn start_placement(
         placement.clone(),
         shared.shutdown.clone(),
     ));
-    Ok((Some(Arc::new(placement)), vec![nodes, watch]))
+    let denials = tokio::spawn(crate::placement::denials::report(
+        placement.denials(),
+        events.clone(),
+        shared.shutdown.clone(),
+    ));
+    Ok((Some(Arc::new(placement)), vec![nodes, watch, denials]))
 }
 
 /// The pod watch, with the cap's ledger, until `shutdown` says stop.
@@ -450,23 +458,37 @@ async fn start_policy_source(
     }
 }
 
+/// This replica's Events: one publisher, for the leader and the placement cap. Without a
+/// Kubernetes client configuration (`--policy-file` alone) notes are dropped and counted.
+async fn start_events(args: &ServeArgs, shared: &Shared) -> (Recorder, Option<JoinHandle<()>>) {
+    let metrics = EventMetrics::default();
+    shared.metrics.with_registry(|r| metrics.register(r));
+    let client = kube::Client::try_default().await.ok();
+    let instance = args
+        .leader
+        .identity()
+        .unwrap_or_else(|_| "kube-overcommit".into());
+    Recorder::start(client, instance, metrics, shared.shutdown.clone())
+}
+
 /// The leader part; its readiness gate becomes the `certificate-trusted` condition.
 async fn start_leader(
-    args: &LeaderArgs,
-    request_cap: bool,
+    args: &ServeArgs,
     shared: &Shared,
     served: Arc<CertResolver>,
     in_process: leader::in_process::InProcessContext,
+    events: Recorder,
 ) -> anyhow::Result<Option<leader::Running>> {
     let context = leader::ServeContext {
         in_process,
+        events,
         metrics: shared.metrics.clone(),
         namespace: shared.namespace.clone(),
-        request_cap,
+        request_cap: args.request_cap,
         shutdown: shared.shutdown.clone(),
         served,
     };
-    let running = leader::start_in_serve(args, context).await?;
+    let running = leader::start_in_serve(&args.leader, context).await?;
     if let Some(running) = &running {
         let check = running.readiness.clone();
         shared

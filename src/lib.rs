@@ -15,6 +15,7 @@ pub mod app;
 pub mod cli;
 pub mod compile_inprocess;
 pub mod duration;
+pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod mode;

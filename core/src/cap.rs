@@ -116,6 +116,8 @@ pub struct Over {
     pub public: String,
     /// For the log and the operator: the node's sum, cap, percent and raw value too.
     pub detail: String,
+    /// The resources over the cap, sorted.
+    pub resources: Vec<String>,
 }
 
 /// The cap in force for the node a policy choice was made for.
@@ -134,17 +136,23 @@ pub fn check(placement: &Placement<'_>) -> CapDecision {
     if placement.exempt == Some(Exempt::Mirror) {
         return CapDecision::Allow;
     }
-    let (public, detail): (Vec<String>, Vec<String>) = cap
-        .percent
-        .iter()
-        .filter_map(|(resource, &percent)| over_cap(placement, resource, percent))
-        .unzip();
+    let mut public = Vec::new();
+    let mut detail = Vec::new();
+    let mut resources = Vec::new();
+    for (resource, &percent) in &cap.percent {
+        if let Some((p, d)) = over_cap(placement, resource, percent) {
+            public.push(p);
+            detail.push(d);
+            resources.push(resource.clone());
+        }
+    }
     if public.is_empty() {
         return CapDecision::Allow;
     }
     let mut over = Over {
         public: public.join("; "),
         detail: detail.join("; "),
+        resources,
     };
     if let Some(exempt) = placement.exempt {
         let why = match exempt {

@@ -15,6 +15,7 @@ pub mod cap;
 pub mod duration;
 pub mod inprocess;
 pub mod node;
+pub mod node_transitions;
 pub mod patch;
 pub mod pod;
 pub mod pod_index;

@@ -47,6 +47,7 @@ pub mod election;
 pub mod in_process;
 pub mod lease_lock;
 pub mod metrics;
+pub mod node_events;
 pub mod node_metrics;
 pub mod nudge;
 pub mod nudger;
@@ -88,6 +89,7 @@ use self::nudger::{NudgeMetrics, NudgeSettings};
 use self::readiness::{ReadinessCheck, ServedCertificate};
 use self::webhook_config::WebhookSettings;
 use crate::duration::duration_arg;
+use crate::events::Recorder;
 use crate::metrics::Metrics;
 use crate::shutdown::Signal;
 
@@ -319,11 +321,12 @@ impl Running {
     }
 }
 
-/// The leader part's metrics.
+/// What the leader part reports through: its metrics, and Events.
 #[derive(Clone)]
-pub struct PartMetrics {
+pub struct Reporting {
     pub leader: LeaderMetrics,
     pub nudge: NudgeMetrics,
+    pub events: Recorder,
 }
 
 /// Start the replica report, the caBundle watch and (when enabled) the election with the
@@ -333,14 +336,15 @@ pub fn start(
     args: &LeaderArgs,
     election: bool,
     served: Arc<dyn ServedCertificate>,
-    metrics: PartMetrics,
+    reporting: Reporting,
     in_process: InProcessContext,
     shutdown: Signal,
 ) -> Result<Running, LeaderError> {
-    let PartMetrics {
+    let Reporting {
         leader: metrics,
         nudge,
-    } = metrics;
+        events,
+    } = reporting;
     args.validate()?;
     let identity = args.identity()?;
     let mut tasks = Vec::new();
@@ -380,7 +384,7 @@ pub fn start(
             client,
             args,
             &identity,
-            (metrics, nudge),
+            (metrics, nudge, events),
             in_process,
             shutdown,
         );
@@ -402,7 +406,7 @@ fn start_election(
     client: Client,
     args: &LeaderArgs,
     identity: &str,
-    (metrics, nudge): (LeaderMetrics, NudgeMetrics),
+    (metrics, nudge, events): (LeaderMetrics, NudgeMetrics, Recorder),
     in_process: InProcessContext,
     shutdown: Signal,
 ) -> (Claim, JoinHandle<()>, JoinHandle<()>) {
@@ -425,7 +429,7 @@ fn start_election(
         client,
         args.controller(),
         claim.clone(),
-        (metrics, nudge, args.nudge()),
+        (metrics, nudge, args.nudge(), events),
         in_process,
         shutdown,
     ));
@@ -437,7 +441,7 @@ async fn supervise(
     client: Client,
     settings: ControllerSettings,
     claim: Claim,
-    (metrics, nudge_metrics, nudge): (LeaderMetrics, NudgeMetrics, NudgeSettings),
+    (metrics, nudge_metrics, nudge, events): (LeaderMetrics, NudgeMetrics, NudgeSettings, Recorder),
     in_process: InProcessContext,
     shutdown: Signal,
 ) {
@@ -462,6 +466,7 @@ async fn supervise(
             claim.clone(),
             in_process.clone(),
             metrics.policy_status.clone(),
+            events.clone(),
         ));
         let nudge_task = tokio::spawn(nudger::run(
             client.clone(),
@@ -590,6 +595,8 @@ pub struct ServeContext {
     pub served: Arc<dyn ServedCertificate>,
     /// `serve --mode`: the path, the policy set it compiles, the webhook's flag.
     pub in_process: InProcessContext,
+    /// The replica's Events.
+    pub events: Recorder,
 }
 
 /// Start the leader part inside `serve`: the namespace comes from `serve`, metrics go to the
@@ -614,16 +621,17 @@ pub async fn start_in_serve(
     let mut args = args.clone();
     args.namespace = context.namespace;
     args.request_cap = context.request_cap;
-    let metrics = PartMetrics {
+    let reporting = Reporting {
         leader: context.metrics.with_registry(LeaderMetrics::new),
         nudge: context.metrics.with_registry(NudgeMetrics::new),
+        events: context.events,
     };
     start(
         client,
         &args,
         true,
         context.served,
-        metrics,
+        reporting,
         context.in_process,
         context.shutdown,
     )

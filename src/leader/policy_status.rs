@@ -22,8 +22,8 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use overcommit_core::node::APPLIED_ANNOTATION;
-use overcommit_core::policy::OvercommitPolicy;
 use overcommit_core::policy::status::OvercommitPolicyStatus;
+use overcommit_core::policy::{OvercommitPolicy, PolicySet};
 use overcommit_core::policy_report::{InProcessState, NodeFacts, desired_statuses};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -33,6 +33,8 @@ use tokio::time::Instant;
 
 use super::election::Claim;
 use super::in_process::InProcessContext;
+use super::node_events::NodeEvents;
+use crate::events::{Recorder, policy_ref};
 use crate::mode::Path;
 
 /// How often a changed state is recomputed.
@@ -199,6 +201,7 @@ pub async fn run(
     claim: Claim,
     in_process: InProcessContext,
     metrics: StatusMetrics,
+    recorder: Recorder,
 ) {
     let policies_api: Api<OvercommitPolicy> = Api::all(client.clone());
     let nodes_api: Api<PartialObjectMeta<Node>> = Api::all(client);
@@ -211,6 +214,7 @@ pub async fn run(
     let mut last_write: HashMap<String, Instant> = HashMap::new();
     let mut changed = false;
     let mut in_process_seen = None;
+    let mut told = NodeEvents::new(recorder);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tracing::info!("keeping the status of every OvercommitPolicy");
@@ -225,6 +229,7 @@ pub async fn run(
                 Err(e) => tracing::warn!(error = %e, "node metadata watch failed; retrying"),
             },
             _ = tick.tick() => {
+                told.flush(|name| policies.items.get(name).map(|p| policy_ref(&p.0)), Instant::now());
                 let state = InProcessState {
                     mode: in_process.path == Path::InProcess,
                     in_force: in_process.flag.load(Ordering::Relaxed),
@@ -238,6 +243,8 @@ pub async fn run(
                 let objects: Vec<OvercommitPolicy> =
                     policies.items.values().map(|p| p.0.clone()).collect();
                 let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+                let (set, _) = PolicySet::from_valid(objects.clone());
+                told.observe(&nodes.items, &set, Instant::now());
                 let desired = desired_statuses(&objects, &facts, state, &now);
                 let (writes, later) = due(&desired, &policies.items, &last_write, Instant::now());
                 changed = later;

@@ -29,6 +29,7 @@
 //!   timeout); not found or failed, it fails open as before. The lookup is reported
 //!   (`Validated::lookup`) for a metric.
 
+pub mod denials;
 pub mod ledger;
 pub mod node;
 pub mod pod;
@@ -81,6 +82,10 @@ pub trait PlacementSource: Send + Sync {
     fn allowed(&self, placement: &Allowed<'_>);
     /// Whether the pod index has listed every pod: before that, a node's sums are not known.
     fn synced(&self) -> bool;
+    /// A placement on `node` was refused, over the cap of `resources` (for the node's Event).
+    fn denied(&self, node: &str, resources: &[String]) {
+        let _ = (node, resources);
+    }
     /// One read of a pod the index does not hold (yet), from the API server: `Ok(None)` when
     /// there is no such pod, `Err` with the reason when the read failed or took too long.
     /// Without an API client: an error.
@@ -487,6 +492,11 @@ fn decide(
                 requests: &target.facts.requests,
                 hold,
             });
+        }
+        if let CapDecision::Deny(over) = &decision
+            && !dry_run
+        {
+            source.denied(target.node, &over.resources);
         }
         decision
     });

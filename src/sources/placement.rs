@@ -22,6 +22,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
 use super::pod_cache::PodCache;
+use crate::placement::denials::Denials;
 use crate::placement::ledger::{LEDGER_TTL, Ledger, requested_on};
 use crate::placement::node::node_facts;
 use crate::placement::{Allowed, NodeFacts, PlacementSource, PodFacts};
@@ -41,6 +42,7 @@ pub struct WatchedPlacement {
     pods: Arc<PodCache>,
     ledger: Arc<Mutex<Ledger>>,
     client: Option<kube::Client>,
+    denials: Arc<Mutex<Denials>>,
 }
 
 impl std::fmt::Debug for WatchedPlacement {
@@ -61,7 +63,13 @@ impl WatchedPlacement {
             pods,
             ledger: Arc::new(Mutex::new(Ledger::new(LEDGER_TTL))),
             client,
+            denials: Arc::default(),
         }
+    }
+
+    /// The denials since the last report (`placement::denials::report` tells them).
+    pub fn denials(&self) -> Arc<Mutex<Denials>> {
+        self.denials.clone()
     }
 
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
@@ -119,6 +127,13 @@ fn key(namespace: &str, name: &str) -> String {
 }
 
 impl PlacementSource for WatchedPlacement {
+    fn denied(&self, node: &str, resources: &[String]) {
+        self.denials
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(node, resources);
+    }
+
     fn node(&self, name: &str) -> Option<Arc<NodeFacts>> {
         self.nodes
             .read()

@@ -139,6 +139,8 @@ func TestStaticInstallContainsEverything(t *testing.T) {
 		"ResourceQuota/kube-overcommit/kube-overcommit",
 		"Role/kube-overcommit/kube-overcommit",
 		"RoleBinding/kube-overcommit/kube-overcommit",
+		"Role/default/kube-overcommit-events",
+		"RoleBinding/default/kube-overcommit-events",
 		"ClusterRole//kube-overcommit",
 		"ClusterRoleBinding//kube-overcommit",
 		"Service/kube-overcommit/kube-overcommit",
@@ -677,7 +679,20 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 			allowed[grant{"metrics.k8s.io", "nodes", "", "list"}] = true
 			// The leader's nudges: an empty merge patch of node status (the node guard bounds it).
 			allowed[grant{"", "nodes/status", "", "patch"}] = true
+			// Events on nodes and policies, in `default` (cluster-scoped objects' Events).
+			events := convert[rbacv1.Role](t, mustFind(t, objs, "Role", "kube-overcommit-events"))
+			if events.Namespace != "default" {
+				t.Errorf("Role kube-overcommit-events in %q, want default", events.Namespace)
+			}
+			eb := convert[rbacv1.RoleBinding](t, mustFind(t, objs, "RoleBinding", "kube-overcommit-events"))
+			if eb.Namespace != "default" || eb.RoleRef.Name != "kube-overcommit-events" || len(eb.Subjects) != 1 ||
+				eb.Subjects[0].Name != "kube-overcommit" || eb.Subjects[0].Namespace != "kube-overcommit" {
+				t.Errorf("RoleBinding kube-overcommit-events: %s %+v %+v", eb.Namespace, eb.RoleRef, eb.Subjects)
+			}
+			allowed[grant{"events.k8s.io", "events", "", "create"}] = true
+			allowed[grant{"events.k8s.io", "events", "", "patch"}] = true
 			rules := append(slices.Clone(role.Rules), cr.Rules...)
+			rules = append(rules, events.Rules...)
 			if ip := Find(objs, "ClusterRole", "kube-overcommit-in-process"); ip != nil {
 				if !inProcess {
 					t.Errorf("ClusterRole kube-overcommit-in-process rendered without in-process mode")

@@ -269,6 +269,9 @@ func nudgeQuietNodes(t *testing.T, args, manifests []string, hollow bool) {
 			}
 		}
 		t.Logf("%s: every affected node shows it %.1f s after the change", step.name, time.Since(start).Seconds())
+		if i == 1 {
+			checkPolicyEvents(t, c, "nudged", len(names))
+		}
 		if inProcess && i >= 2 && i < len(steps)-1 {
 			if err := waitInForce(in); err != nil {
 				t.Fatalf("after %s: %v", step.name, err)
@@ -296,11 +299,12 @@ func nudgeQuietNodes(t *testing.T, args, manifests []string, hollow bool) {
 		if sent < 10 || failed != 0 || lag < 10 || out != 0 {
 			return fmt.Errorf("nudges sent %v (want >= 10: one per node per step), failed %v, lag count %v, out of date %v", sent, failed, lag, out)
 		}
-		return nil
+		return checkEventsWritten(t, m)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkNodeEvents(t, c, q0, "nudged")
 }
 
 // kubeletWrites is the fake kubelets' status write attempts so far.
