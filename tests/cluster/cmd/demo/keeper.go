@@ -104,6 +104,9 @@ func keep(run runfiles.Dir) error {
 	if err != nil {
 		return err
 	}
+	if err := applyRBAC(ctx, c); err != nil {
+		return err
+	}
 	in, err := install.Install(ctx, c, installOptions())
 	if err != nil {
 		return err

@@ -56,8 +56,9 @@ type demoOptions struct {
 }
 
 // The fake kubelets write status every statusEvery, and an unchanged status every reportEvery
-// (the kubelet's nodeStatusReportFrequency, 5 min by default: shortened so that a new policy
-// shows within seconds; the webhook only acts when a node writes its status).
+// (the kubelet's nodeStatusReportFrequency, 5 min by default). A policy change reaches a node
+// through the leader's nudge within seconds either way; the usage step needs the reports (a
+// usage node at its raw value is quiet, and follows a fall in usage at its next report).
 func (o demoOptions) fakeNodeArgs() []string {
 	return []string{"--cpu=" + o.cpu, "--memory=" + o.memory, "--images=50", "--resource-metrics",
 		"--status-update-frequency=" + o.statusEvery.String(), "--status-report-frequency=" + o.reportEvery.String()}
@@ -77,7 +78,7 @@ func runDemo(args []string) int {
 	fs.Int32Var(&o.pods, "pods", 24, "replicas of the demo Deployment")
 	fs.StringVar(&o.podCPU, "pod-cpu", "1", "CPU request of each demo pod")
 	fs.DurationVar(&o.statusEvery, "status-update-frequency", 5*time.Second, "fake kubelets' nodeStatusUpdateFrequency")
-	fs.DurationVar(&o.reportEvery, "status-report-frequency", 10*time.Second, "fake kubelets' nodeStatusReportFrequency (kubelet default 5m)")
+	fs.DurationVar(&o.reportEvery, "status-report-frequency", 10*time.Second, "fake kubelets' nodeStatusReportFrequency (kubelet default 5m; shortened for the usage step: a usage node at its raw value follows a fall in usage at its kubelet's next report)")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "the whole demo ends (and cleans up) within this")
 	fs.StringVar(&o.runDir, "run-dir", "", "control plane run directory (default: a temporary one; with --keep: tests/cluster/.run, as make cluster-up)")
 	if err := fs.Parse(args); err != nil {
@@ -163,11 +164,16 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	d.step("Applying the policy %s", relPath(policyPath()))
+	applied := time.Now()
 	if err := d.applyFile(policyPath()); err != nil {
 		return err
 	}
-	d.info("waiting for the next status write of each labelled node (every %v here; a kubelet's unchanged status: 5 min)", d.o.reportEvery)
+	d.info("waiting for every labelled node: the leader nudges each one (an empty status PATCH the webhook fills in); their kubelets report an unchanged status only every %v", d.o.reportEvery)
 	if err := d.waitAllocatable(ctx, true); err != nil {
+		return err
+	}
+	d.info("time to effect: every labelled node carries the policy %.1f s after kubectl apply started", time.Since(applied).Seconds())
+	if err := d.showPolicy(ctx, "NodesOvercommitted"); err != nil {
 		return err
 	}
 	d.step("Allocatable with the policy")
@@ -179,13 +185,18 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 
-	d.step("Deleting the policy: the next status writes carry the kubelet's own value")
+	d.step("Deleting the policy: the leader nudges the nodes back to their kubelet's values")
+	deleted := time.Now()
 	if out, err := d.c.Kubectl("delete", "overcommitpolicy", policyName); err != nil {
 		return fmt.Errorf("kubectl delete: %w\n%s", err, out)
 	} else {
 		d.info("kubectl: %s", strings.TrimSpace(out))
 	}
 	if err := d.waitAllocatable(ctx, false); err != nil {
+		return err
+	}
+	d.info("time to effect: every labelled node is back to its kubelet's values %.1f s after kubectl delete started", time.Since(deleted).Seconds())
+	if err := d.showNodeEvents(d.nodes[0], "Restored"); err != nil {
 		return err
 	}
 	d.step("Allocatable after deleting the policy")
@@ -300,6 +311,14 @@ func (d *demo) startKeptControlPlane(ctx context.Context) error {
 	return nil
 }
 
+// serviceAccount is the replicas' identity, as in a Pod of deploy/ (the nudges' match
+// conditions and the node guard name it).
+const serviceAccount = "system:serviceaccount:" + install.DefaultNamespace + ":kube-overcommit"
+
+// rbacManifests are deploy/'s RBAC and admission guards, applied before the replicas start.
+var rbacManifests = []string{"deploy/base/rbac.yaml", "deploy/components/webhook-guard/validatingadmissionpolicy.yaml",
+	"deploy/components/webhook-guard/node-guard.yaml"}
+
 func installOptions() install.Options {
 	return install.Options{
 		Namespace: install.DefaultNamespace,
@@ -308,12 +327,33 @@ func installOptions() install.Options {
 		// The kubelet's Secret volume is not instantaneous either.
 		SecretDelay: time.Second,
 		Args:        []string{"--shutdown-delay=1s", "--shutdown-grace=10s", "--usage-interval=" + usageInterval.String()},
+		// The replicas act as the ServiceAccount, under deploy/'s RBAC only (kube-rs impersonation).
+		Env: []string{"KUBE_RS_DEBUG_IMPERSONATE_USER=" + serviceAccount,
+			"KUBE_RS_DEBUG_IMPERSONATE_GROUP=system:serviceaccounts,system:serviceaccounts:" + install.DefaultNamespace + ",system:authenticated"},
 	}
+}
+
+// applyRBAC creates the namespace and applies deploy/'s RBAC and guards.
+func applyRBAC(ctx context.Context, c *harness.Cluster) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: install.DefaultNamespace}}
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	for _, f := range rbacManifests {
+		if out, err := c.Kubectl("apply", "--server-side", "-f", filepath.Join(install.RepoRoot(), f)); err != nil {
+			return fmt.Errorf("apply %s: %w\n%s", f, err, out)
+		}
+	}
+	return nil
 }
 
 func (d *demo) installWebhook(ctx context.Context) error {
 	o := installOptions()
-	d.step("Installing kube-overcommit: the OvercommitPolicy CRD, namespace %s, %d replicas of %s", o.Namespace, o.Replicas, relPath(mustBinary()))
+	d.step("Installing kube-overcommit: the OvercommitPolicy CRD, namespace %s, %d replicas of %s as ServiceAccount %s (%s)",
+		o.Namespace, o.Replicas, relPath(mustBinary()), serviceAccount, strings.Join(rbacManifests, ", "))
+	if err := applyRBAC(ctx, d.c); err != nil {
+		return err
+	}
 	var err error
 	d.in, err = install.Install(ctx, d.c, o)
 	if err != nil {
