@@ -851,4 +851,14 @@ func TestRequestCapRefusesTheScheduler(t *testing.T) {
 		t.Fatalf("want 4 pods bound and 4 refused by the cap (scheduler condition): %v", err)
 	}
 	t.Logf("scheduler with allocatable 8 on a node capped at 4.4: %s", last)
+	// The node's Event: the refusals counted by resource, no pod or namespace named.
+	out, err := describedWith(shared, 30*time.Second, "node", node, "PlacementCapDenied", "the placement cap refused", "(cpu: ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	denied := regexp.MustCompile(`PlacementCapDenied +\S+ +overcommit.dev/kube-overcommit +(.*)`).FindStringSubmatch(out)
+	if len(denied) != 2 || !regexp.MustCompile(`^the placement cap refused \d+ pod placements? on this node \(cpu: \d+\)$`).MatchString(strings.TrimSpace(denied[1])) {
+		t.Errorf("the node's PlacementCapDenied Event says more than counts by resource (no pod, namespace or figure): %q", denied)
+	}
+	t.Logf("kubectl describe node %s:\n%s", node, eventsSection(out))
 }
