@@ -260,8 +260,10 @@ pub struct Metrics {
     pub placement_pod_reads: Family<PodReadLabels, Counter>,
     /// /validate reviews that failed open (allowed undecided), by reason.
     pub placement_failed_open: Family<FailedOpenLabels, Counter>,
-    /// Time from request headers to response, for every /mutate request.
+    /// Time from request headers to response, for every /mutate request answered.
     pub review_duration: LatencyHistogram,
+    /// Time from request headers to response, for every /validate request answered.
+    pub placement_review_duration: LatencyHistogram,
     /// Requests refused before admission, by HTTP status.
     pub http_rejects: Family<RejectLabels, Counter>,
     /// Policies in the set currently used for reviews.
@@ -371,6 +373,7 @@ impl Metrics {
             placement_pod_reads: Family::default(),
             placement_failed_open: Family::default(),
             review_duration: LatencyHistogram::new(),
+            placement_review_duration: LatencyHistogram::new(),
             http_rejects: Family::default(),
             policies_loaded: Gauge::default(),
             policy_reloads: Family::default(),
@@ -415,6 +418,11 @@ impl Metrics {
 
     /// /validate (the request cap).
     fn register_placement(&self, root: &mut Registry) {
+        root.register(
+            "placement_review_duration_seconds",
+            "Time from request headers to the response for /validate",
+            self.placement_review_duration.clone(),
+        );
         root.register(
             "placement_reviews",
             "Placement reviews on /validate (the request cap) by outcome: denied (capMode Enforce), warned (capMode Warn) and exempted (a DaemonSet's or critical pod, allowed) are over the cap",

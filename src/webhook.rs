@@ -20,51 +20,13 @@ use hyper::body::Incoming;
 
 use overcommit_core::policy::PolicySet;
 
-use crate::admission::{self, Handled, Outcome, ReviewResource, Settings};
+use crate::admission::{self, Handled, Outcome, Settings};
 use crate::metrics::{
     FailedOpenLabels, HeartbeatsKeptLabels, Metrics, PlacementLabels, PodReadLabels, RejectLabels,
 };
 use crate::placement::{self, CapOutcome, PlacementSource};
 use crate::server::Handler;
 use crate::server::budget::{BodyBudget, Exhausted, Reservation};
-
-/// What the handler needs from `admission::Handled`, plus why it failed open or was refused.
-struct Answer {
-    status: u16,
-    body: Vec<u8>,
-    resource: ReviewResource,
-    operation: String,
-    outcome: Outcome,
-    /// Why a review failed open or was refused (for the log).
-    reason: Option<String>,
-    heartbeats_kept: bool,
-    usage_fallbacks: crate::admission::UsageFallbacks,
-}
-
-impl From<Handled> for Answer {
-    fn from(h: Handled) -> Self {
-        let Handled {
-            status,
-            body,
-            resource,
-            operation,
-            outcome,
-            error,
-            heartbeats_kept,
-            usage_fallbacks,
-        } = h;
-        Self {
-            status,
-            body,
-            resource,
-            operation,
-            outcome,
-            reason: error.map(|e| e.to_string()),
-            heartbeats_kept,
-            usage_fallbacks,
-        }
-    }
-}
 
 /// The path the mutating webhook configuration points at.
 pub const MUTATE_PATH: &str = "/mutate";
@@ -110,80 +72,104 @@ impl Handler for Webhook {
     }
 }
 
+/// Which endpoint a request is for.
+#[derive(Clone, Copy)]
+enum Endpoint<'w> {
+    /// `/mutate`: the node and pod rules (`admission`).
+    Mutate,
+    /// `/validate`: the placement cap (`placement`).
+    Validate(&'w dyn PlacementSource),
+}
+
 impl Webhook {
+    /// One skeleton for both endpoints: the path, the method, the content type and length, the
+    /// body read within the size limit, the in-flight budget and the API server's `?timeout=`,
+    /// the same refusals for both, then the endpoint's answer and its duration.
     async fn route(&self, req: Request<Incoming>, budget: BodyBudget) -> Response<Full<Bytes>> {
         let start = Instant::now();
-        if req.uri().path() != MUTATE_PATH {
-            // /validate only here, off the /mutate path: no work added per /mutate request.
-            if req.uri().path() == VALIDATE_PATH
-                && let Some(placement) = &self.placement
-            {
-                return self.validate(req, budget, placement.as_ref()).await;
+        let endpoint = match (req.uri().path(), &self.placement) {
+            (MUTATE_PATH, _) => Endpoint::Mutate,
+            (VALIDATE_PATH, Some(placement)) => Endpoint::Validate(placement.as_ref()),
+            _ => {
+                return self.reject(
+                    StatusCode::NOT_FOUND,
+                    "not found; the webhook paths are /mutate and, with --request-cap, /validate\n",
+                );
             }
-            return self.reject(
-                StatusCode::NOT_FOUND,
-                "not found; the webhook paths are /mutate and, with --request-cap, /validate\n",
-            );
-        }
+        };
+        // The reservation is held until the review is answered and the body freed.
+        let (body, _reserved) = match self.read_request(req, &budget, start).await {
+            Ok(read) => read,
+            Err(refused) => return refused,
+        };
+        let (response, duration) = match endpoint {
+            Endpoint::Mutate => (self.mutate(&body), &self.metrics.review_duration),
+            Endpoint::Validate(source) => (
+                self.validate(&body, source).await,
+                &self.metrics.placement_review_duration,
+            ),
+        };
+        duration.observe(start.elapsed());
+        response
+    }
+
+    /// The request's checks and its body, or the refusal to answer instead.
+    async fn read_request(
+        &self,
+        req: Request<Incoming>,
+        budget: &BodyBudget,
+        start: Instant,
+    ) -> Result<(Bytes, Reservation), Response<Full<Bytes>>> {
         if req.method() != Method::POST {
             let mut r = self.reject(StatusCode::METHOD_NOT_ALLOWED, "only POST is allowed\n");
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
-            return r;
+            return Err(r);
         }
         if !is_json(req.headers().get(header::CONTENT_TYPE)) {
-            return self.reject(
+            return Err(self.reject(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "Content-Type must be application/json\n",
-            );
+            ));
         }
-        let declared = match content_length(req.headers().get(header::CONTENT_LENGTH)) {
-            Ok(n) => n,
-            Err(()) => return self.reject(StatusCode::BAD_REQUEST, "invalid Content-Length\n"),
+        let Ok(declared) = content_length(req.headers().get(header::CONTENT_LENGTH)) else {
+            return Err(self.reject(StatusCode::BAD_REQUEST, "invalid Content-Length\n"));
         };
         let version = req.version();
         if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
-            return self.too_large(version);
+            return Err(self.too_large(version));
         }
         let timeout = req
             .uri()
             .query()
             .and_then(query_timeout)
             .map_or(self.body_timeout, |t| t.min(self.body_timeout));
-        // The reservation is held until the review is answered and the body freed.
-        let (body, _reserved) = match read_body(
-            req.into_body(),
-            &budget,
-            declared,
-            self.max_body_bytes,
-            start,
-            timeout,
-        )
-        .await
-        {
-            Ok(read) => read,
-            Err(BodyError::TooLarge) => return self.too_large(version),
+        let body = req.into_body();
+        let limit = self.max_body_bytes;
+        match read_body(body, budget, declared, limit, start, timeout).await {
+            Ok(read) => Ok(read),
+            Err(BodyError::TooLarge) => Err(self.too_large(version)),
             // The API server fails open on 503 (failurePolicy: Ignore).
-            Err(BodyError::Busy) => {
-                return self.body_unread(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "too many request bodies in flight (--max-inflight-body-bytes); retry later\n",
-                    version,
-                );
-            }
-            Err(BodyError::TimedOut) => {
-                return self.reject(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request body not received in time\n",
-                );
-            }
+            Err(BodyError::Busy) => Err(self.body_unread(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many request bodies in flight (--max-inflight-body-bytes); retry later\n",
+                version,
+            )),
+            Err(BodyError::TimedOut) => Err(self.reject(
+                StatusCode::REQUEST_TIMEOUT,
+                "request body not received in time\n",
+            )),
             Err(BodyError::Read(e)) => {
                 tracing::debug!(error = %e, "reading request body failed");
-                return self.reject(StatusCode::BAD_REQUEST, "request body could not be read\n");
+                Err(self.reject(StatusCode::BAD_REQUEST, "request body could not be read\n"))
             }
-        };
-        let handled = self.review(&body);
-        if let Some(reason) = &handled.reason {
+        }
+    }
+
+    /// `POST /mutate`: the review (`admission::handle`), counted and logged.
+    fn mutate(&self, body: &[u8]) -> Response<Full<Bytes>> {
+        let handled = self.review(body);
+        if let Some(reason) = &handled.error {
             match handled.outcome {
                 Outcome::FailedOpen => tracing::warn!(
                     %reason,
@@ -201,57 +187,13 @@ impl Webhook {
             let labels = HeartbeatsKeptLabels { outcome };
             self.metrics.heartbeats_kept.get_or_create(&labels).inc();
         }
-        let mut resp = Response::new(Full::new(Bytes::from(handled.body)));
-        *resp.status_mut() = StatusCode::from_u16(handled.status).unwrap_or(StatusCode::OK);
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        self.metrics.review_duration.observe(start.elapsed());
-        resp
+        json_response(handled.status, handled.body)
     }
 
-    /// `POST /validate`: the placement cap (`placement::handle`), with the same body limits as
-    /// /mutate.
-    async fn validate(
-        &self,
-        req: Request<Incoming>,
-        budget: BodyBudget,
-        source: &dyn PlacementSource,
-    ) -> Response<Full<Bytes>> {
-        let start = Instant::now();
-        if req.method() != Method::POST || !is_json(req.headers().get(header::CONTENT_TYPE)) {
-            return self.reject(
-                StatusCode::BAD_REQUEST,
-                "POST an application/json AdmissionReview\n",
-            );
-        }
-        let Ok(declared) = content_length(req.headers().get(header::CONTENT_LENGTH)) else {
-            return self.reject(StatusCode::BAD_REQUEST, "invalid Content-Length\n");
-        };
-        let version = req.version();
-        let read = read_body(
-            req.into_body(),
-            &budget,
-            declared,
-            self.max_body_bytes,
-            start,
-            self.body_timeout,
-        )
-        .await;
-        let (body, _reserved) = match read {
-            Ok(read) => read,
-            Err(BodyError::TooLarge) => return self.too_large(version),
-            Err(_) => {
-                return self.body_unread(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "request body not read; retry later\n",
-                    version,
-                );
-            }
-        };
+    /// `POST /validate`: the placement cap (`placement::handle_fetching`), counted and logged.
+    async fn validate(&self, body: &[u8], source: &dyn PlacementSource) -> Response<Full<Bytes>> {
         let policies = self.policies.load_full();
-        let validated = placement::handle_fetching(&body, &policies, source).await;
+        let validated = placement::handle_fetching(body, &policies, source).await;
         if let Some(lookup) = validated.lookup {
             self.metrics
                 .placement_pod_reads
@@ -285,19 +227,13 @@ impl Webhook {
                 outcome: validated.outcome.into(),
             })
             .inc();
-        let mut resp = Response::new(Full::new(Bytes::from(validated.body)));
-        *resp.status_mut() = StatusCode::from_u16(validated.status).unwrap_or(StatusCode::OK);
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        resp
+        json_response(validated.status, validated.body)
     }
 
-    fn review(&self, body: &[u8]) -> Answer {
+    fn review(&self, body: &[u8]) -> Handled {
         let policies = self.policies.load();
         // The one call into admission, which is the panic guard: it never panics.
-        let run = || Answer::from(admission::handle(body, &policies, &self.settings));
+        let run = || admission::handle(body, &policies, &self.settings);
         if body.len() > INLINE_BODY_LIMIT {
             tokio::task::block_in_place(run)
         } else {
@@ -345,6 +281,17 @@ impl Webhook {
         }
         r
     }
+}
+
+/// An answer's JSON body with its status (200 unless the endpoint said otherwise).
+fn json_response(status: u16, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 /// `application/json`, any case, with or without parameters (`; charset=utf-8`).

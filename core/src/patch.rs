@@ -6,6 +6,8 @@ use std::borrow::Cow;
 use serde::Serialize;
 use serde_json::Value;
 
+use overcommit_json::write_str;
+
 /// One JSON Patch operation. Paths are JSON Pointers (RFC 6901): build them with [`pointer`]
 /// (or write a constant one: the usual paths of a node review are, with no allocation).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -111,21 +113,6 @@ pub fn to_json(ops: &[PatchOp]) -> Result<Vec<u8>, serde_json::Error> {
     }
     out.push(b']');
     Ok(out)
-}
-
-/// A JSON string as serde_json writes it: copied as it is when serde_json would escape
-/// nothing in it (no `"`, `\` or control character; it escapes nothing else), else by
-/// serde_json. Paths, quantities and review uids never need an escape, and serde_json's writer
-/// costs a few hundred instructions per string.
-pub fn write_str(out: &mut Vec<u8>, text: &str) -> Result<(), serde_json::Error> {
-    if text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
-        return serde_json::to_writer(out, text);
-    }
-    out.reserve(text.len() + 2);
-    out.push(b'"');
-    out.extend_from_slice(text.as_bytes());
-    out.push(b'"');
-    Ok(())
 }
 
 #[cfg(test)]

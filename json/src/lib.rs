@@ -14,5 +14,7 @@ pub mod scan;
 mod swar;
 #[doc(hidden)]
 pub mod testing;
+pub mod write;
 
 pub use map::{StrMap, VecMap};
+pub use write::write_str;

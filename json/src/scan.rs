@@ -13,7 +13,7 @@
 //! grammar. Like serde_json's `IgnoredAny`, which skips iteratively, skipping sets no nesting
 //! limit and cannot overflow the stack. Inside a skipped container the order of tokens is not
 //! checked (where commas and colons go, that keys are strings, the spelling of numbers and
-//! literals), nor raw control characters in skipped strings. `admission/read.rs` says why that
+//! literals), nor raw control characters in skipped strings. `admission/read/mod.rs` says why that
 //! is safe.
 
 use std::borrow::Cow;
@@ -452,7 +452,7 @@ impl<'a> Members<'a> {
             Some(_) => return Err(ScanError::at(Code::ExpectedColon, v)),
         }
         // The value must at least begin like one: a reader may stop at this byte without
-        // reading further (`read.rs`, the unread tail).
+        // reading further (`read/mod.rs`, the unread tail).
         match body.get(v) {
             Some(b'"' | b'{' | b'[' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {}
             Some(_) => return Err(ScanError::at(Code::ExpectedValue, v)),

@@ -4,11 +4,11 @@
 //! - the reference reads the review (200, not failed open): the answer is byte-identical, with
 //!   the same outcome, resource, operation and log reason;
 //! - the reference fails open or answers 400: the reader does the same (same body), unless the
-//!   damage lies inside a value the reader skips (`read.rs` lists what that tolerates); then the
+//!   damage lies inside a value the reader skips (`read/mod.rs` lists what that tolerates); then the
 //!   reader's answer is the undamaged review's answer, or an answer without a patch, or 400:
 //!   never another patch;
 //! - damage in the unread tail (from the status member after allocatable and capacity, or from
-//!   `oldObject`, when a node review's decision needs nothing there: `read.rs`), or in the
+//!   `oldObject`, when a node review's decision needs nothing there: `read/mod.rs`), or in the
 //!   object's status after its conditions where the reader jumps to `oldObject` (quiet
 //!   heartbeats), or in the object's metadata after its annotations where the reader jumps
 //!   to the metadata's end: the reader's answer is the undamaged review's, byte for byte.
@@ -64,8 +64,8 @@ struct Rules {
 }
 
 impl Rules {
-    fn needs(&self) -> RuleNeeds<'_> {
-        needs(&self.policies, &self.settings)
+    fn plan(&self) -> ReadPlan {
+        read_plan(&self.settings)
     }
 }
 
@@ -154,7 +154,7 @@ fn json(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("not JSON: {e}"))
 }
 
-/// Members in or at which the reader may stop reading a node review, or jump from (`read.rs`).
+/// Members in or at which the reader may stop reading a node review, or jump from (`read/mod.rs`).
 const MAY_STOP_AT: &[&str] = &[
     "request",
     "object",
@@ -170,7 +170,7 @@ const MAY_STOP_AT: &[&str] = &[
 ];
 
 /// Whether the reader may stop before the end of this review in some order of its members: a
-/// node review whose object carries an overcommit annotation (`read.rs`, the unread tail).
+/// node review whose object carries an overcommit annotation (`read/mod.rs`, the unread tail).
 fn reader_may_stop(review: &Value) -> bool {
     let request = &review["request"];
     let node = request["resource"]["resource"] == "nodes" || request["kind"]["kind"] == "Node";
@@ -242,7 +242,7 @@ impl Writer<'_> {
                         members.swap(i, self.rng.below(i + 1));
                     }
                 }
-                // Where the reader may stop (the unread tail, `read.rs`), both copies before
+                // Where the reader may stop (the unread tail, `read/mod.rs`), both copies before
                 // the members it may stop reading in or at, so that it sees the second copy.
                 let stop = members
                     .iter()
@@ -601,7 +601,7 @@ struct Reads {
 /// The spans of the values `read` does not look into, in a well-formed review: members of the
 /// walked objects it does not read, and `oldObject` unless it reads it.
 fn skipped_spans(body: &[u8], set: &Rules) -> Vec<Range<usize>> {
-    let reads = match read::parse(body, &set.needs()) {
+    let reads = match read::parse(body, &set.plan()) {
         Parsed::Review(request) => Reads {
             old_object: request.old_object.is_some(),
             conditions: request
@@ -690,7 +690,7 @@ fn walk(
     members.end()
 }
 
-/// What `read` does not read at all (the documented tolerance of `read.rs`).
+/// What `read` does not read at all (the documented tolerance of `read/mod.rs`).
 #[derive(Clone, Default)]
 struct Unread {
     /// From here to the end.
@@ -706,10 +706,10 @@ struct Unread {
 
 fn unread(body: &[u8], set: &Rules) -> Unread {
     Unread {
-        from: read::unread_from(body, &set.needs()),
-        middle: read::unread_middle(body, &set.needs()),
-        stored_head: read::unread_stored_head(body, &set.needs()),
-        metadata_tail: read::unread_metadata_tail(body, &set.needs()),
+        from: read::unread_from(body, &set.plan()),
+        middle: read::unread_middle(body, &set.plan()),
+        stored_head: read::unread_stored_head(body, &set.plan()),
+        metadata_tail: read::unread_metadata_tail(body, &set.plan()),
     }
 }
 
@@ -836,9 +836,9 @@ fn truncated_reviews_are_refused_at_every_length_before_the_unread_tail() {
                 .rev()
                 .take_while(|b| b.is_ascii_whitespace())
                 .count();
-        // Cut in the unread tail (`read.rs`: past the first byte of the value it starts at), the
+        // Cut in the unread tail (`read/mod.rs`: past the first byte of the value it starts at), the
         // reader answers as the whole review.
-        let unread_from = read::unread_from(bytes, &set.needs()).unwrap_or(json_end);
+        let unread_from = read::unread_from(bytes, &set.plan()).unwrap_or(json_end);
         let whole = new_answer(bytes, set);
         for end in 0..bytes.len() {
             let new = new_answer(&bytes[..end], set);
@@ -932,7 +932,7 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     let text = String::from_utf8_lossy(body).into_owned();
     let undamaged = assert_identical("original", body, set);
     assert_eq!(undamaged.outcome, Outcome::Patched);
-    let Some(from) = read::unread_from(body, &set.needs()) else {
+    let Some(from) = read::unread_from(body, &set.plan()) else {
         panic!("reading does not stop early")
     };
     let conditions = "\"conditions\":";
@@ -1015,7 +1015,7 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     // is not (the documented tolerance).
     let spaced = text.replacen(conditions, "\"conditions\": ", 1);
     assert_eq!(
-        read::unread_from(spaced.as_bytes(), &set.needs()),
+        read::unread_from(spaced.as_bytes(), &set.plan()),
         Some(from + 1)
     );
     assert_eq!(
@@ -1042,7 +1042,7 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
         panic!("fixture without conditions or oldObject")
     };
     let short = format!("{}{}", &text[..cut], &text[end + 1..]);
-    let from = read::unread_from(short.as_bytes(), &set.needs());
+    let from = read::unread_from(short.as_bytes(), &set.plan());
     let old_object = short
         .find("\"oldObject\":")
         .map(|at| at + "\"oldObject\":".len());
@@ -1056,12 +1056,12 @@ fn the_tail_after_what_the_decision_needs_is_not_read() {
     let mut review = json(body);
     review["request"]["object"]["metadata"]["annotations"] = json!({});
     let fallback = serde_json::to_string(&review).unwrap_or_default();
-    assert_eq!(read::unread_from(fallback.as_bytes(), &set.needs()), None);
+    assert_eq!(read::unread_from(fallback.as_bytes(), &set.plan()), None);
     let dup = fallback.replacen(dry_run, "\"uid\":\"other\",\"dryRun\":", 1);
     let answer = assert_identical("fallback, uid again", dup.as_bytes(), set);
     assert_eq!(answer.status, 400);
     // A pod review is read to its end.
-    assert_eq!(read::unread_from(FIXTURES[3].1, &set.needs()), None);
+    assert_eq!(read::unread_from(FIXTURES[3].1, &set.plan()), None);
 }
 
 #[test]
@@ -1075,7 +1075,7 @@ fn the_metadata_after_the_annotations_is_jumped_over_only_where_the_status_follo
         .map(|at| at + "\"managedFields\":".len());
     let brace = text.find("},\"spec\":").map(|at| at + 1);
     for (policies, set) in &policy_sets() {
-        let tail = read::unread_metadata_tail(body, &set.needs());
+        let tail = read::unread_metadata_tail(body, &set.plan());
         assert_eq!(
             tail.map(|t| (t.start, t.end)),
             managed.zip(brace),
@@ -1105,7 +1105,7 @@ fn the_metadata_after_the_annotations_is_jumped_over_only_where_the_status_follo
         let answer = assert_identical(name, body, set);
         assert_eq!(answer.outcome, Outcome::Patched, "{name}");
         assert_eq!(
-            read::unread_metadata_tail(body, &set.needs()),
+            read::unread_metadata_tail(body, &set.plan()),
             None,
             "{name}: not jumped"
         );
@@ -1135,7 +1135,7 @@ fn quiet_heartbeats_jump_over_the_object_to_the_stored_conditions() {
         ),
         "{patch}"
     );
-    let middle = read::unread_middle(body, &quiet_rules.needs());
+    let middle = read::unread_middle(body, &quiet_rules.plan());
     let addresses = text
         .find("\"addresses\":")
         .map(|at| at + "\"addresses\":".len());
@@ -1145,7 +1145,7 @@ fn quiet_heartbeats_jump_over_the_object_to_the_stored_conditions() {
         addresses.zip(object_end.map(|at| at + 2)),
         "from the value after the conditions to the object's closing brace, included"
     );
-    let from = read::unread_from(body, &quiet_rules.needs());
+    let from = read::unread_from(body, &quiet_rules.plan());
     let old_addresses = text
         .rfind("\"addresses\":")
         .map(|at| at + "\"addresses\":".len());
@@ -1157,7 +1157,7 @@ fn quiet_heartbeats_jump_over_the_object_to_the_stored_conditions() {
         .rfind("\"conditions\":[")
         .map(|at| at + "\"conditions\":".len());
     assert_eq!(
-        read::unread_stored_head(body, &quiet_rules.needs()).map(|m| (m.start, m.end)),
+        read::unread_stored_head(body, &quiet_rules.plan()).map(|m| (m.start, m.end)),
         old_object.zip(old_conditions),
         "the stored node before its conditions is jumped over"
     );
@@ -1189,7 +1189,7 @@ fn quiet_heartbeats_jump_over_the_object_to_the_stored_conditions() {
     // Written any other way (a space before oldObject), the object is read whole: same answer.
     let spaced = text.replacen("}},\"oldObject\":", "}}, \"oldObject\":", 1);
     assert_eq!(
-        read::unread_middle(spaced.as_bytes(), &quiet_rules.needs()),
+        read::unread_middle(spaced.as_bytes(), &quiet_rules.plan()),
         None
     );
     assert_eq!(
@@ -1203,7 +1203,7 @@ fn quiet_heartbeats_jump_over_the_object_to_the_stored_conditions() {
     // The 55 KB payload: the same path.
     let body = FIXTURES[5].1;
     let (_, bench_quiet) = &sets[4];
-    assert!(read::unread_middle(body, &bench_quiet.needs()).is_some());
+    assert!(read::unread_middle(body, &bench_quiet.plan()).is_some());
     assert_eq!(
         assert_identical("55k", body, bench_quiet).outcome,
         Outcome::Patched

@@ -21,21 +21,19 @@
 //! being built or visited token by token.
 
 use std::borrow::Cow;
-use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use overcommit_core::Account;
 use overcommit_core::inprocess;
-use overcommit_core::node::heartbeat::{Condition, Quiet};
+use overcommit_core::node::heartbeat::Quiet;
 use overcommit_core::node::usage::NodeUsage;
-use overcommit_core::node::{self, NodeDecision, NodeView};
+use overcommit_core::node::{self, NodeDecision, NodeInput, NodeView};
 use overcommit_core::patch::{self, PatchOp};
-use overcommit_core::pod::{self, PodDecision, PodSpecIn};
+use overcommit_core::pod::{self, PodDecision};
 use overcommit_core::policy::NodeChoice;
 use overcommit_core::policy::PolicySet;
-use overcommit_json::StrMap;
 use overcommit_json::borrowed;
 
 /// Where a node's usage comes from, for policies with `spec.usage`: the usage caches in
@@ -84,24 +82,6 @@ impl Clock {
             Clock::System => std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-        }
-    }
-}
-
-/// Which kind of object a review was about (a metrics label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReviewResource {
-    Node,
-    Pod,
-    Other,
-}
-
-impl ReviewResource {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ReviewResource::Node => "node",
-            ReviewResource::Pod => "pod",
-            ReviewResource::Other => "other",
         }
     }
 }
@@ -177,181 +157,11 @@ pub enum RuleError {
     Panic,
 }
 
-fn object_prefix(object: &str) -> String {
-    if object.is_empty() {
-        String::new()
-    } else {
-        format!("{object}: ")
-    }
-}
-
-// ---- what is read from a review -------------------------------------------------------------
-
-/// The request of a review (a `Deserialize` for the test oracle; `read` builds it field by field).
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct RequestIn<'a> {
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    uid: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    kind: Option<KindIn<'a>>,
-    #[serde(borrow, default)]
-    resource: Option<ResourceIn<'a>>,
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    sub_resource: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    namespace: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    operation: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    object: Option<ObjectIn<'a>>,
-    #[serde(borrow, default)]
-    old_object: Option<OldObjectIn<'a>>,
-}
-
-#[derive(Deserialize, Default)]
-struct KindIn<'a> {
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    group: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    kind: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize, Default)]
-struct ResourceIn<'a> {
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    group: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    resource: Option<Cow<'a, str>>,
-}
-
-/// A Node or a Pod: the fields of both rules (a node has no containers, a pod no allocatable).
-#[derive(Deserialize, Default)]
-struct ObjectIn<'a> {
-    #[serde(borrow, default)]
-    metadata: Option<MetaIn<'a>>,
-    #[serde(borrow, default)]
-    spec: Option<PodSpecIn<'a>>,
-    #[serde(borrow, default)]
-    status: Option<NodeStatusIn<'a>>,
-}
-
-#[derive(Deserialize, Default)]
-struct OldObjectIn<'a> {
-    #[serde(borrow, default)]
-    metadata: Option<OldMetaIn<'a>>,
-    #[serde(borrow, default)]
-    status: Option<OldStatusIn<'a>>,
-}
-
-/// The stored node's conditions (quiet heartbeats).
-#[derive(Deserialize, Default)]
-struct OldStatusIn<'a> {
-    #[serde(borrow, default)]
-    conditions: Option<Vec<Condition<'a>>>,
-}
-
-#[derive(Deserialize, Default)]
-struct MetaIn<'a> {
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str")]
-    namespace: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
-    labels: Option<StrMap<'a>>,
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
-    annotations: Option<StrMap<'a>>,
-}
-
-#[derive(Deserialize, Default)]
-struct OldMetaIn<'a> {
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
-    annotations: Option<StrMap<'a>>,
-}
-
-#[derive(Deserialize, Default)]
-struct NodeStatusIn<'a> {
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
-    allocatable: Option<StrMap<'a>>,
-    #[serde(borrow, default, deserialize_with = "borrowed::option_str_map")]
-    capacity: Option<StrMap<'a>>,
-    #[serde(borrow, default)]
-    conditions: Option<Vec<Condition<'a>>>,
-}
-
-// ---- what is written back ---------------------------------------------------------------------
-
-/// The answer, as `review_body` writes it (the serde form, for its tests).
-#[cfg(test)]
-#[derive(Serialize)]
-struct ReviewOut<'a> {
-    #[serde(rename = "apiVersion")]
-    api_version: &'static str,
-    kind: &'static str,
-    response: ResponseOut<'a>,
-}
-
-#[cfg(test)]
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ResponseOut<'a> {
-    uid: &'a str,
-    allowed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<String>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct StatusOut<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    status: &'static str,
-    message: &'a str,
-    reason: &'static str,
-    code: u16,
-}
-
-const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
-
-/// What the rules read beyond the fields every decision reads, for the reader's early stop
-/// (`read::Needs`). One per review: the reader asks about the object's labels only, so the
-/// answer is kept.
-struct RuleNeeds<'p> {
-    policies: &'p PolicySet,
-    quiet_heartbeats: bool,
-    /// `conditions`' answer, once asked (the policy match is the costly part).
-    conditions_needed: Cell<Option<bool>>,
-}
-
-impl read::Needs for RuleNeeds<'_> {
-    /// The node rule reads the stored node's annotations only when the object carries neither
-    /// overcommit annotation (`node::decide`).
-    fn stored_annotations(&self, annotations: Option<&StrMap<'_>>) -> bool {
-        !node::carries_overcommit_annotations(annotations)
-    }
-
-    /// Quiet heartbeats read both nodes' conditions, on nodes a policy selects.
-    fn conditions(&self, labels: Option<&StrMap<'_>>) -> bool {
-        if !self.quiet_heartbeats {
-            return false;
-        }
-        if let Some(needed) = self.conditions_needed.get() {
-            return needed;
-        }
-        let needed = matches!(self.policies.for_node(&labels), NodeChoice::Policy(_));
-        self.conditions_needed.set(Some(needed));
-        needed
-    }
-}
-
-fn needs<'p>(policies: &'p PolicySet, settings: &Settings) -> RuleNeeds<'p> {
-    RuleNeeds {
-        policies,
+/// What the reader must know before it reads (plain data: it asks nothing while reading).
+fn read_plan(settings: &Settings) -> ReadPlan {
+    ReadPlan {
+        overcommit_annotations: &node::OVERCOMMIT_ANNOTATIONS,
         quiet_heartbeats: !settings.heartbeat_refresh.is_zero(),
-        conditions_needed: Cell::new(None),
     }
 }
 
@@ -416,11 +226,7 @@ impl Decision {
 /// no patch.
 pub fn handle(body: &[u8], policies: &PolicySet, settings: &Settings) -> Handled {
     catch_unwind(AssertUnwindSafe(|| {
-        respond(
-            read::parse(body, &needs(policies, settings)),
-            policies,
-            settings,
-        )
+        respond(read::parse(body, &read_plan(settings)), policies, settings)
     }))
     .unwrap_or_else(|_| panicked(body))
 }
@@ -500,7 +306,7 @@ pub fn explain(
     policies: &PolicySet,
     settings: &Settings,
 ) -> Result<Decision, ReviewError> {
-    match read::parse(body, &needs(policies, settings)) {
+    match read::parse(body, &read_plan(settings)) {
         Parsed::Review(request) => {
             let resource = classify(request.kind.as_ref(), request.resource.as_ref());
             decide_request(&request, resource, policies, settings, Account::Full)
@@ -508,54 +314,6 @@ pub fn explain(
         }
         Parsed::Unreadable { reason, .. } => Err(ReviewError::Unreadable(reason)),
         Parsed::Bad(message) => Err(ReviewError::NotAReview(message)),
-    }
-}
-
-enum Parsed<'a> {
-    Review(Box<RequestIn<'a>>),
-    /// A valid review whose objects could not be read: answered allowed, unchanged.
-    Unreadable {
-        uid: String,
-        resource: ReviewResource,
-        operation: String,
-        reason: String,
-    },
-    Bad(String),
-}
-
-/// The envelope every review must have: admission.k8s.io/v1 AdmissionReview with a uid.
-fn check_envelope(
-    api_version: Option<&str>,
-    kind: Option<&str>,
-    uid: Option<&str>,
-) -> Result<(), String> {
-    if api_version != Some(REVIEW_API_VERSION) || kind != Some("AdmissionReview") {
-        return Err(format!(
-            "expected apiVersion {REVIEW_API_VERSION} and kind AdmissionReview, found {:?} {:?}",
-            api_version.unwrap_or_default(),
-            kind.unwrap_or_default()
-        ));
-    }
-    match uid {
-        Some(uid) if !uid.is_empty() => Ok(()),
-        Some(_) => Err("request.uid is empty".to_string()),
-        None => Err("AdmissionReview has no request.uid".to_string()),
-    }
-}
-
-fn classify(kind: Option<&KindIn<'_>>, resource: Option<&ResourceIn<'_>>) -> ReviewResource {
-    let core =
-        |group: Option<&Cow<'_, str>>| group.map(|g| g.as_ref()).unwrap_or_default().is_empty();
-    let by_resource = resource
-        .filter(|r| core(r.group.as_ref()))
-        .and_then(|r| r.resource.as_deref());
-    let by_kind = kind
-        .filter(|k| core(k.group.as_ref()))
-        .and_then(|k| k.kind.as_deref());
-    match (by_resource, by_kind) {
-        (Some("nodes"), _) | (None, Some("Node")) => ReviewResource::Node,
-        (Some("pods"), _) | (None, Some("Pod")) => ReviewResource::Pod,
-        _ => ReviewResource::Other,
     }
 }
 
@@ -571,60 +329,7 @@ fn decide_request(
     let sub_resource = request.sub_resource.as_deref().unwrap_or_default();
     match (resource, operation, sub_resource) {
         (ReviewResource::Node, "CREATE", "") | (ReviewResource::Node, "UPDATE", "status") => {
-            let Some(object) = request.object.as_ref() else {
-                return Err(RuleError::NodeWithoutObject);
-            };
-            let node = node_view(object);
-            if settings
-                .in_process
-                .load(std::sync::atomic::Ordering::Relaxed)
-                && inprocess::serves(&policies.for_node(&node.labels))
-            {
-                return Ok(Decision::NotMutated(
-                    "node served in-process (the compiled MutatingAdmissionPolicy)".into(),
-                ));
-            }
-            let old = request.old_object.as_ref();
-            let stored_annotations = old
-                .and_then(|old| old.metadata.as_ref())
-                .and_then(|m| m.annotations.as_ref());
-            let stored_conditions = old
-                .and_then(|old| old.status.as_ref())
-                .and_then(|s| s.conditions.as_deref());
-            let stored = old.map(|_| NodeView {
-                has_metadata: true,
-                annotations: stored_annotations,
-                conditions: stored_conditions,
-                ..NodeView::default()
-            });
-            // Quiet heartbeats: status updates only (a registration has no stored node); the
-            // clock is read only when they are on (the rule ignores a zero refresh).
-            let quiet_on = operation == "UPDATE" && !settings.heartbeat_refresh.is_zero();
-            let quiet = quiet_on.then(|| Quiet {
-                now_ms: settings.clock.now_ms(),
-                refresh: settings.heartbeat_refresh,
-            });
-            // Looked up only when a policy needs it: static policies pay one branch.
-            let usage = match &settings.usage {
-                Some(source) if policies.has_usage() => match policies.for_node(&node.labels) {
-                    NodeChoice::Policy(policy) => policy.usage.as_ref().and_then(|u| {
-                        let name = request.name.as_deref()?;
-                        source.node_usage(name, u.window)
-                    }),
-                    _ => None,
-                },
-                _ => None,
-            };
-            node::decide_with_usage(
-                &node,
-                stored.as_ref(),
-                policies,
-                account,
-                quiet,
-                usage.as_ref(),
-            )
-            .map(Decision::Node)
-            .map_err(RuleError::from)
+            decide_node_review(request, policies, settings, account)
         }
         (ReviewResource::Pod, "CREATE", "") => {
             let object = request.object.as_ref();
@@ -649,6 +354,63 @@ fn decide_request(
     }
 }
 
+/// A node registration or status update: the policy is chosen here, once, from the object's
+/// labels, and the node rule decides on plain input.
+fn decide_node_review(
+    request: &RequestIn<'_>,
+    policies: &PolicySet,
+    settings: &Settings,
+    account: Account,
+) -> Result<Decision, RuleError> {
+    let Some(object) = request.object.as_ref() else {
+        return Err(RuleError::NodeWithoutObject);
+    };
+    let node = node_view(object);
+    let choice = policies.for_node(&node.labels);
+    if settings
+        .in_process
+        .load(std::sync::atomic::Ordering::Relaxed)
+        && inprocess::serves(&choice)
+    {
+        return Ok(Decision::NotMutated(
+            "node served in-process (the compiled MutatingAdmissionPolicy)".into(),
+        ));
+    }
+    let old = request.old_object.as_ref();
+    let stored = old.map(|old| NodeView {
+        has_metadata: true,
+        annotations: old.metadata.as_ref().and_then(|m| m.annotations.as_ref()),
+        conditions: old.status.as_ref().and_then(|s| s.conditions.as_deref()),
+        ..NodeView::default()
+    });
+    // Quiet heartbeats: status updates only (a registration has no stored node); the clock is
+    // read only when they are on (the rule ignores a zero refresh).
+    let quiet_on =
+        request.operation.as_deref() == Some("UPDATE") && !settings.heartbeat_refresh.is_zero();
+    let quiet = quiet_on.then(|| Quiet {
+        now_ms: settings.clock.now_ms(),
+        refresh: settings.heartbeat_refresh,
+    });
+    // Looked up only when the node's policy follows usage: static policies pay one branch.
+    let usage = match (&settings.usage, &choice) {
+        (Some(source), NodeChoice::Policy(policy)) => policy.usage.as_ref().and_then(|u| {
+            let name = request.name.as_deref()?;
+            source.node_usage(name, u.window)
+        }),
+        _ => None,
+    };
+    node::decide_node(NodeInput {
+        node: &node,
+        stored: stored.as_ref(),
+        choice: &choice,
+        account,
+        quiet,
+        usage: usage.as_ref(),
+    })
+    .map(Decision::Node)
+    .map_err(RuleError::from)
+}
+
 fn node_view<'v>(object: &'v ObjectIn<'v>) -> NodeView<'v> {
     let metadata = object.metadata.as_ref();
     let status = object.status.as_ref();
@@ -670,22 +432,7 @@ fn undecided(request: &RequestIn<'_>, reason: RuleError) -> ReviewError {
     }
 }
 
-/// `namespace/name`, `name`, or empty.
-fn object_name(name: Option<&str>, namespace: Option<&str>) -> String {
-    let name = name.unwrap_or_default();
-    match namespace.filter(|n| !n.is_empty()) {
-        Some(namespace) => format!("{namespace}/{name}"),
-        None => name.to_string(),
-    }
-}
-
-/// The reason, with which object it was about.
-fn describe_object(name: Option<&str>, namespace: Option<&str>, reason: &str) -> String {
-    format!("{}{reason}", object_prefix(&object_name(name, namespace)))
-}
-
-/// The body of an answer: what serde_json writes for `ReviewOut`, written straight into one
-/// buffer of the right size (the patch is base64-encoded in place).
+/// A 200 answer (allowed, with the patch if any).
 fn answer(
     uid: &str,
     resource: ReviewResource,
@@ -695,7 +442,7 @@ fn answer(
 ) -> Handled {
     Handled {
         status: 200,
-        body: review_body(uid, patch),
+        body: answer::review_body(uid, patch),
         resource,
         operation,
         outcome,
@@ -703,37 +450,6 @@ fn answer(
         heartbeats_kept: false,
         usage_fallbacks: UsageFallbacks::default(),
     }
-}
-
-fn review_body(uid: &str, patch: Option<&[u8]>) -> Vec<u8> {
-    const HEAD: &str =
-        r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
-    const ALLOWED: &str = r#","allowed":true"#;
-    const PATCH: &str = r#","patchType":"JSONPatch","patch":""#;
-    const TAIL: &str = "}}";
-    // Padded base64 (RFC 4648): four characters per started three bytes. The patch is at most
-    // a few KB, so this cannot overflow.
-    let encoded_len = patch.map_or(0, |p| p.len().div_ceil(3).saturating_mul(4));
-    // The uid in quotes, with room for a few escapes.
-    let capacity = HEAD.len() + uid.len() + 8 + ALLOWED.len() + PATCH.len() + encoded_len + 1;
-    let mut body = Vec::with_capacity(capacity + TAIL.len());
-    body.extend_from_slice(HEAD.as_bytes());
-    // A string into a Vec cannot fail; should it ever, the answer has an empty uid.
-    if patch::write_str(&mut body, uid).is_err() {
-        body.truncate(HEAD.len());
-        body.extend_from_slice(b"\"\"");
-    }
-    body.extend_from_slice(ALLOWED.as_bytes());
-    if let Some(patch) = patch {
-        body.extend_from_slice(PATCH.as_bytes());
-        // Vectorised (AVX2/SSE4.1/NEON, chosen at run time) straight into the reserved room,
-        // standard alphabet with padding: about a quarter of the scalar encoder's instructions
-        // (callgrind, 55 KB review: ~1.6k -> ~0.4k).
-        base64_simd::STANDARD.encode_append(patch, &mut body);
-        body.push(b'"');
-    }
-    body.extend_from_slice(TAIL.as_bytes());
-    body
 }
 
 fn fail_open(
@@ -749,19 +465,9 @@ fn fail_open(
 }
 
 fn bad_request(message: String) -> Handled {
-    let status = StatusOut {
-        api_version: "v1",
-        kind: "Status",
-        status: "Failure",
-        message: &message,
-        reason: "BadRequest",
-        code: 400,
-    };
-    let body =
-        serde_json::to_vec(&status).unwrap_or_else(|_| br#"{"kind":"Status","code":400}"#.to_vec());
     Handled {
         status: 400,
-        body,
+        body: answer::bad_request_body(&message),
         resource: ReviewResource::Other,
         operation: String::new(),
         outcome: Outcome::BadRequest,
@@ -771,7 +477,13 @@ fn bad_request(message: String) -> Handled {
     }
 }
 
+mod answer;
 mod read;
+mod request;
+
+use self::read::ReadPlan;
+pub use self::request::ReviewResource;
+use self::request::{ObjectIn, Parsed, RequestIn, classify, object_name, object_prefix};
 
 #[cfg(test)]
 mod equivalence;

@@ -6,11 +6,10 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
-use super::Handled;
-use super::{
-    KindIn, Parsed, PolicySet, RequestIn, ResourceIn, Settings, check_envelope, classify,
-    describe_object, respond,
+use super::request::{
+    KindIn, Parsed, RequestIn, ResourceIn, check_envelope, classify, describe_object,
 };
+use super::{Handled, PolicySet, Settings, respond};
 
 #[derive(Deserialize)]
 struct ReviewIn<'a> {

@@ -4,6 +4,8 @@
 use base64::Engine as _;
 use serde_json::{Value, json};
 
+use super::answer::{ResponseOut, ReviewOut, review_body};
+use super::request::REVIEW_API_VERSION;
 use super::*;
 use overcommit_core::policy::parse_policy_file;
 

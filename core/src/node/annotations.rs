@@ -38,8 +38,9 @@ use crate::quantity::{Quantity, Ratio};
 pub const RAW_ALLOCATABLE_ANNOTATION: &str = "overcommit.dev/raw-allocatable";
 /// Node annotation: what was applied (`policy=batch;ratios=cpu=2,memory=1.5`).
 pub const APPLIED_ANNOTATION: &str = "overcommit.dev/applied";
-/// Both, in the order they are written.
-pub(super) const KEYS: [&str; 2] = [RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION];
+/// Both, in the order they are written. A node review whose object carries either needs not
+/// the stored node's (the review's reader is handed this list).
+pub const OVERCOMMIT_ANNOTATIONS: [&str; 2] = [RAW_ALLOCATABLE_ANNOTATION, APPLIED_ANNOTATION];
 
 /// Why the annotations could not be read back (the rule then ignores them and notes why).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,7 +70,7 @@ pub enum AnnotationError {
 
 /// Whether a node's annotations hold either overcommit annotation.
 pub fn carries_overcommit_annotations(annotations: Option<&StrMap<'_>>) -> bool {
-    annotations.is_some_and(|a| KEYS.iter().any(|key| a.contains_key(key)))
+    annotations.is_some_and(|a| OVERCOMMIT_ANNOTATIONS.iter().any(|key| a.contains_key(key)))
 }
 
 /// A resource's raw allocatable as recorded: its text and value.
@@ -451,7 +452,7 @@ pub(super) struct Desired<'d> {
 }
 
 impl Desired<'_> {
-    /// Whether annotation `key` (one of `KEYS`) already says exactly this (compared as it is
+    /// Whether annotation `key` (one of `OVERCOMMIT_ANNOTATIONS`) already says exactly this (compared as it is
     /// written: nothing is built but the usage rule's values).
     pub(super) fn is_written(&self, key: &str, current: &str) -> bool {
         if !self.is_listable(key) {
@@ -461,7 +462,7 @@ impl Desired<'_> {
         self.listed(key, |piece| expect.literal(piece)) && expect.0.is_empty()
     }
 
-    /// The text of annotation `key` (one of `KEYS`).
+    /// The text of annotation `key` (one of `OVERCOMMIT_ANNOTATIONS`).
     pub(super) fn value(&self, key: &str) -> Result<String, serde_json::Error> {
         if self.is_listable(key) {
             let mut out = String::with_capacity(96);
@@ -715,7 +716,7 @@ mod tests {
                         usage_written,
                     };
                     let mut annotations = StrMap::new();
-                    for key in KEYS {
+                    for key in OVERCOMMIT_ANNOTATIONS {
                         let written = desired.value(key).unwrap();
                         let listed = desired.is_listable(key);
                         assert_eq!(!is_json(&written), listed, "{key}: {written}");

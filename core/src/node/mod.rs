@@ -45,17 +45,18 @@ use std::borrow::Cow;
 use overcommit_json::StrMap;
 use serde_json::Value;
 
-use self::annotations::{Desired, KEYS, RawRecord, Recorded, Written};
+use self::annotations::{Desired, RawRecord, Recorded, Written};
 use self::heartbeat::{Condition, HeartbeatLine, Quiet};
 use self::usage::{FallbackSet, NodeUsage, UsageSource, UsageView};
 use crate::Account;
 use crate::patch::{PatchOp, pointer, pointer_under};
-use crate::policy::{NodeChoice, PolicySet};
+use crate::policy::{CompiledPolicy, CompiledUsage, NodeChoice, PolicySet, UsageTarget};
 use crate::quantity::{Format, MAX_UNITS, Quantity, QuantityError, Ratio};
 
 pub use self::annotations::{
-    APPLIED_ANNOTATION, AnnotationError, AppliedSummary, RAW_ALLOCATABLE_ANNOTATION,
-    applied_summary, carries_overcommit_annotations, raw_allocatable_map,
+    APPLIED_ANNOTATION, AnnotationError, AppliedSummary, OVERCOMMIT_ANNOTATIONS,
+    RAW_ALLOCATABLE_ANNOTATION, applied_summary, carries_overcommit_annotations,
+    raw_allocatable_map,
 };
 
 /// The parts of a Node the rule reads.
@@ -188,7 +189,8 @@ pub fn decide_with(
 
 /// `decide_with`, with what is known of the node's usage for a policy with `spec.usage`
 /// (`None`: nothing, so every targeted resource falls back: `FallbackReason::NoSample`).
-/// Static policies never read it.
+/// Static policies never read it. The policy is chosen here; a caller that has chosen it
+/// already (the review path) calls [`decide_node`].
 pub fn decide_with_usage(
     node: &NodeView<'_>,
     stored: Option<&NodeView<'_>>,
@@ -197,150 +199,69 @@ pub fn decide_with_usage(
     quiet: Option<Quiet>,
     usage: Option<&NodeUsage>,
 ) -> Result<NodeDecision, InflateError> {
-    let mut notes = Vec::new();
-    let carries_annotations =
-        |view: &NodeView<'_>| carries_overcommit_annotations(view.annotations);
-    let previous_source = if carries_annotations(node) {
-        node.annotations
-    } else {
-        stored
-            .filter(|s| carries_annotations(s))
-            .and_then(|s| s.annotations)
-    };
-    let labels = node.labels;
-    let (outcome, policy) = match policies.for_node(&labels) {
-        NodeChoice::Policy(p) => (NodeOutcome::Policy(p.name.clone()), Some(p)),
+    decide_node(NodeInput {
+        node,
+        stored,
+        choice: &policies.for_node(&node.labels),
+        account,
+        quiet,
+        usage,
+    })
+}
+
+/// What the node rule decides on, as plain input: the node, the node as stored (the review's
+/// oldObject on UPDATE), the policy already chosen for it (`PolicySet::for_node` on the node's
+/// labels, once per review), and the settings of the decision.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeInput<'i, 'p> {
+    pub node: &'i NodeView<'i>,
+    /// Its annotations are read only if `node` carries none.
+    pub stored: Option<&'i NodeView<'i>>,
+    pub choice: &'i NodeChoice<'p>,
+    /// Whether to keep the per-resource account (`Full`, for `explain`) or only the patch.
+    pub account: Account,
+    /// A status update with quiet heartbeats on: a node a policy selects also gets its stored
+    /// heartbeats back where only they changed (`heartbeat`).
+    pub quiet: Option<Quiet>,
+    /// What is known of the node's usage, for a policy with `spec.usage`.
+    pub usage: Option<&'i NodeUsage>,
+}
+
+/// Decide the node's allocatable, annotations and heartbeats from plain input.
+pub fn decide_node(input: NodeInput<'_, '_>) -> Result<NodeDecision, InflateError> {
+    let NodeInput {
+        node,
+        stored,
+        choice,
+        account,
+        quiet,
+        usage,
+    } = input;
+    let (outcome, policy) = match choice {
+        NodeChoice::Policy(p) => (NodeOutcome::Policy(p.name.clone()), Some(*p)),
         NodeChoice::NoPolicy => (NodeOutcome::NoPolicy, None),
         NodeChoice::OptedOut => (NodeOutcome::OptedOut, None),
     };
-    let previous = match previous_source.map(|a| annotations::read(a, policy)) {
-        None => None,
-        Some(Ok(previous)) => Some(previous),
-        Some(Err(reason)) => {
-            notes.push(format!(
-                "ignoring unreadable overcommit annotations: {reason}"
-            ));
-            None
-        }
+    let mut notes = Vec::new();
+    let previous = previous_record(node, stored, policy, &mut notes);
+    let rule = ResourceRule {
+        node,
+        policy,
+        previous: previous.as_ref(),
+        usage,
+        account,
     };
-
-    let mut patch = Vec::new();
-    let mut resources = Vec::new();
-    // resource -> raw text, in the allocatable map's order (sorted, unique).
-    let mut raw_record: Vec<(&str, &str)> = Vec::new();
-    // resource -> value the usage rule wrote (stays empty, unallocated, under static policies).
-    let mut usage_written: Vec<(&str, Quantity)> = Vec::new();
-    let mut usage_fallbacks = FallbackSet::default();
-    let usage_policy = policy.and_then(|p| p.usage.as_ref());
+    let mut out = Outputs::default();
     for (name, incoming_text) in node.allocatable.into_iter().flatten() {
-        let resource: &str = name;
-        let ratio = policy
-            .and_then(|p| p.ratios.get(resource))
-            .filter(|(_, ratio)| !ratio.is_one());
-        let usage_target = match usage_policy {
-            None => None,
-            Some(u) => u.targets.get(resource).map(|target| (u, target)),
-        };
-        let (previous_raw, written_by) = match previous.as_ref().and_then(|p| recorded(p, resource))
-        {
-            Some((raw, written, by)) => (Some((raw, written?)), by),
-            None => (None, None),
-        };
-        if ratio.is_none() && previous_raw.is_none() && usage_target.is_none() {
-            continue; // neither inflated before nor now: not ours
-        }
-        let incoming = parse(resource, incoming_text)?;
-        let (raw_text, raw, raw_source) = match previous_raw {
-            Some(((text, raw), written)) if written == incoming => {
-                (text.as_ref(), *raw, RawSource::Annotation)
-            }
-            _ => (incoming_text.as_ref(), incoming, RawSource::Incoming),
-        };
-        let mut usage_line = None;
-        let desired = match (usage_target, ratio) {
-            (Some((policy_usage, target)), _) => {
-                if raw_source == RawSource::Incoming {
-                    check_capacity(resource, &incoming, incoming_text, node.capacity)?;
-                }
-                raw_record.push((resource, raw_text));
-                // What this webhook last wrote counts only if written from this raw value
-                // (the kubelet's PATCH carries raw, so the incoming value is no guide).
-                let current = previous_raw
-                    .as_ref()
-                    .filter(|((_, recorded_raw), _)| *recorded_raw == raw)
-                    .map(|(_, written)| written);
-                let mut view = usage.and_then(|u| u.get(resource)).unwrap_or(UsageView {
-                    synced: true,
-                    ..UsageView::default()
-                });
-                view.capacity = capacity_units(resource, node.capacity);
-                let decision = usage::usage_allocatable(
-                    resource,
-                    &raw,
-                    current,
-                    target,
-                    &policy_usage.min_change,
-                    ratio.map(|(_, r)| r),
-                    &view,
-                )
-                .map_err(|source| InflateError::Quantity {
-                    resource: resource.to_string(),
-                    source,
-                })?;
-                match decision.source {
-                    UsageSource::Fallback(reason) => usage_fallbacks.insert(reason),
-                    _ => usage_written.push((resource, decision.allocatable)),
-                }
-                usage_line = Some((view, decision.source));
-                decision.allocatable
-            }
-            (None, Some((_, ratio))) => {
-                if raw_source == RawSource::Incoming {
-                    check_capacity(resource, &incoming, incoming_text, node.capacity)?;
-                }
-                raw_record.push((resource, raw_text));
-                match previous_raw {
-                    // Already inflated in `recorded`, from the same raw value (the same
-                    // mantissa, exponent and format: quantities are normalised) by the same
-                    // ratio: the kubelet's usual status write.
-                    Some(((_, recorded_raw), written))
-                        if written_by == Some(ratio)
-                            && *recorded_raw == raw
-                            && recorded_raw.format() == raw.format() =>
-                    {
-                        written
-                    }
-                    _ => inflate(resource, &raw, ratio)?,
-                }
-            }
-            (None, None) => raw,
-        };
-        let result = || {
-            if desired == raw {
-                raw_text.to_string()
-            } else {
-                desired.to_text()
-            }
-        };
-        if desired != incoming {
-            patch.push(PatchOp::Replace {
-                path: allocatable_pointer(resource),
-                value: Value::String(result()),
-            });
-        }
-        if account == Account::Full {
-            resources.push(ResourceLine {
-                resource: resource.to_string(),
-                incoming: incoming_text.to_string(),
-                raw: raw_text.to_string(),
-                raw_source,
-                ratio: ratio.map(|(text, _)| text.clone()),
-                usage: usage_line,
-                result: result(),
-            });
-        }
+        rule.decide(name, incoming_text, &mut out)?;
     }
-
+    let Outputs {
+        mut patch,
+        resources,
+        raw_record,
+        usage_written,
+        usage_fallbacks,
+    } = out;
     let desired_annotations = policy.map(|policy| Desired {
         policy,
         raw_record: raw_record.as_slice(),
@@ -369,6 +290,219 @@ pub fn decide_with_usage(
         heartbeats,
         usage_fallbacks,
     })
+}
+
+/// What this webhook recorded on the node (or, when the node carries neither annotation, on
+/// the stored node); unreadable annotations are ignored, with a note.
+fn previous_record<'a>(
+    node: &NodeView<'a>,
+    stored: Option<&NodeView<'a>>,
+    policy: Option<&'a CompiledPolicy>,
+    notes: &mut Vec<String>,
+) -> Option<Recorded<'a>> {
+    let carries_annotations =
+        |view: &NodeView<'_>| carries_overcommit_annotations(view.annotations);
+    let previous_source = if carries_annotations(node) {
+        node.annotations
+    } else {
+        stored
+            .filter(|s| carries_annotations(s))
+            .and_then(|s| s.annotations)
+    };
+    match annotations::read(previous_source?, policy) {
+        Ok(previous) => Some(previous),
+        Err(reason) => {
+            notes.push(format!(
+                "ignoring unreadable overcommit annotations: {reason}"
+            ));
+            None
+        }
+    }
+}
+
+/// What the per-resource rule reads, the same for every resource of one node.
+struct ResourceRule<'r, 'p> {
+    node: &'r NodeView<'r>,
+    policy: Option<&'p CompiledPolicy>,
+    previous: Option<&'r Recorded<'r>>,
+    usage: Option<&'r NodeUsage>,
+    account: Account,
+}
+
+/// What the per-resource rule writes, over all resources of one node.
+#[derive(Default)]
+struct Outputs<'r> {
+    patch: Vec<PatchOp>,
+    resources: Vec<ResourceLine>,
+    /// resource -> raw text, in the allocatable map's order (sorted, unique).
+    raw_record: Vec<(&'r str, &'r str)>,
+    /// resource -> value the usage rule wrote (stays empty, unallocated, under static policies).
+    usage_written: Vec<(&'r str, Quantity)>,
+    usage_fallbacks: FallbackSet,
+}
+
+impl<'r> ResourceRule<'r, '_> {
+    /// One resource of the node's allocatable: its raw value, the value it should have, and
+    /// the patch and records that follow.
+    fn decide(
+        &self,
+        resource: &'r str,
+        incoming_text: &'r Cow<'r, str>,
+        out: &mut Outputs<'r>,
+    ) -> Result<(), InflateError> {
+        let ratio = self
+            .policy
+            .and_then(|p| p.ratios.get(resource))
+            .filter(|(_, ratio)| !ratio.is_one());
+        let usage_target = self
+            .policy
+            .and_then(|p| p.usage.as_ref())
+            .and_then(|u| u.targets.get(resource).map(|target| (u, target)));
+        let (previous_raw, written_by) = match self.previous.and_then(|p| recorded(p, resource)) {
+            Some((raw, written, by)) => (Some((raw, written?)), by),
+            None => (None, None),
+        };
+        if ratio.is_none() && previous_raw.is_none() && usage_target.is_none() {
+            return Ok(()); // neither inflated before nor now: not ours
+        }
+        let incoming = parse(resource, incoming_text)?;
+        let (raw_text, raw, raw_source) = match previous_raw {
+            Some(((text, raw), written)) if written == incoming => {
+                (text.as_ref(), *raw, RawSource::Annotation)
+            }
+            _ => (incoming_text.as_ref(), incoming, RawSource::Incoming),
+        };
+        if (usage_target.is_some() || ratio.is_some()) && raw_source == RawSource::Incoming {
+            check_capacity(resource, &incoming, incoming_text, self.node.capacity)?;
+        }
+        let mut usage_line = None;
+        let desired = match (usage_target, ratio) {
+            (Some((policy_usage, target)), _) => {
+                out.raw_record.push((resource, raw_text));
+                // What this webhook last wrote counts only if written from this raw value
+                // (the kubelet's PATCH carries raw, so the incoming value is no guide).
+                let current = previous_raw
+                    .as_ref()
+                    .filter(|((_, recorded_raw), _)| *recorded_raw == raw)
+                    .map(|(_, written)| written);
+                let target = UsageInput {
+                    raw: &raw,
+                    current,
+                    policy: policy_usage,
+                    target,
+                    fallback: ratio.map(|(_, r)| r),
+                };
+                let (allocatable, line) = self.usage_value(resource, &target, out)?;
+                usage_line = Some(line);
+                allocatable
+            }
+            (None, Some((_, ratio))) => {
+                out.raw_record.push((resource, raw_text));
+                ratio_value(resource, &raw, ratio, previous_raw, written_by)?
+            }
+            (None, None) => raw,
+        };
+        let result = || result_text(&desired, &raw, raw_text);
+        if desired != incoming {
+            out.patch.push(PatchOp::Replace {
+                path: allocatable_pointer(resource),
+                value: Value::String(result()),
+            });
+        }
+        if self.account == Account::Full {
+            out.resources.push(ResourceLine {
+                resource: resource.to_string(),
+                incoming: incoming_text.to_string(),
+                raw: raw_text.to_string(),
+                raw_source,
+                ratio: ratio.map(|(text, _)| text.clone()),
+                usage: usage_line,
+                result: result(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The text a resource's allocatable is written with: the raw text as it came when the value is
+/// raw, else the value printed.
+fn result_text(desired: &Quantity, raw: &Quantity, raw_text: &str) -> String {
+    if desired == raw {
+        raw_text.to_string()
+    } else {
+        desired.to_text()
+    }
+}
+
+/// The ratio rule's value for one resource: what this webhook wrote last when it was written
+/// from the same raw value (the same mantissa, exponent and format: quantities are
+/// normalised) by the same ratio (the kubelet's usual status write), else raw x ratio.
+fn ratio_value(
+    resource: &str,
+    raw: &Quantity,
+    ratio: &Ratio,
+    previous_raw: Option<(&RawRecord<'_>, Quantity)>,
+    written_by: Option<&Ratio>,
+) -> Result<Quantity, InflateError> {
+    match previous_raw {
+        Some(((_, recorded_raw), written))
+            if written_by == Some(ratio)
+                && recorded_raw == raw
+                && recorded_raw.format() == raw.format() =>
+        {
+            Ok(written)
+        }
+        _ => inflate(resource, raw, ratio),
+    }
+}
+
+/// One resource a usage policy targets, as `ResourceRule::usage_value` decides it.
+struct UsageInput<'u> {
+    raw: &'u Quantity,
+    /// What this webhook last wrote, if written from this raw value.
+    current: Option<&'u Quantity>,
+    policy: &'u CompiledUsage,
+    target: &'u UsageTarget,
+    /// The policy's ratio for the resource (the fallback), if any.
+    fallback: Option<&'u Ratio>,
+}
+
+impl<'r> ResourceRule<'r, '_> {
+    /// The usage rule's value for one resource, and the usage it was decided on; a fallback's
+    /// reason is counted in `out`, a followed value recorded there.
+    fn usage_value(
+        &self,
+        resource: &'r str,
+        input: &UsageInput<'_>,
+        out: &mut Outputs<'r>,
+    ) -> Result<(Quantity, (UsageView, UsageSource)), InflateError> {
+        let mut view = self
+            .usage
+            .and_then(|u| u.get(resource))
+            .unwrap_or(UsageView {
+                synced: true,
+                ..UsageView::default()
+            });
+        view.capacity = capacity_units(resource, self.node.capacity);
+        let decision = usage::usage_allocatable(
+            resource,
+            input.raw,
+            input.current,
+            input.target,
+            &input.policy.min_change,
+            input.fallback,
+            &view,
+        )
+        .map_err(|source| InflateError::Quantity {
+            resource: resource.to_string(),
+            source,
+        })?;
+        match decision.source {
+            UsageSource::Fallback(reason) => out.usage_fallbacks.insert(reason),
+            _ => out.usage_written.push((resource, decision.allocatable)),
+        }
+        Ok((decision.allocatable, (view, decision.source)))
+    }
 }
 
 /// `/status/allocatable/RESOURCE`: a constant for the resources every node has (one op each in
@@ -457,7 +591,7 @@ fn annotation_patch(
     match (desired, node.annotations) {
         (Some(desired), None) => {
             let mut annotations = serde_json::Map::new();
-            for key in KEYS {
+            for key in OVERCOMMIT_ANNOTATIONS {
                 let value = value(&desired, key)?;
                 annotations.insert(key.to_string(), Value::String(value));
             }
@@ -476,7 +610,7 @@ fn annotation_patch(
             });
         }
         (Some(desired), Some(current)) => {
-            for key in KEYS {
+            for key in OVERCOMMIT_ANNOTATIONS {
                 // Usually already what it should be: compared as it is written, not built.
                 let unchanged = current
                     .get(key)
@@ -490,7 +624,7 @@ fn annotation_patch(
             }
         }
         (None, Some(current)) => {
-            for key in KEYS {
+            for key in OVERCOMMIT_ANNOTATIONS {
                 if current.contains_key(key) {
                     patch.push(PatchOp::Remove {
                         path: pointer(["metadata", "annotations", key]).into(),

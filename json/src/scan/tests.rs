@@ -111,7 +111,7 @@ fn inside_skipped_containers_tokens_are_checked_but_not_their_order() {
             "{case}"
         );
     }
-    // Tolerated (read.rs lists this): the order of valid tokens, and the spelling of numbers
+    // Tolerated (admission/read/mod.rs lists this): the order of valid tokens, and the spelling of numbers
     // and literals from their own characters. serde_json refuses each.
     let tolerated = [
         "[1 2]",
@@ -258,7 +258,7 @@ fn walked_objects_are_checked_strictly() {
         );
     }
     // A byte that cannot begin a value is refused by `next_member` itself, before anything
-    // steps over the value: a reader may stop at that byte (`read.rs`, the unread tail).
+    // steps over the value: a reader may stop at that byte (`read/mod.rs`, the unread tail).
     for case in ["{\"a\"::1}", "{\"a\":,1}", "{\"a\":}", "{\"a\": ]"] {
         let found = Members::new(case.as_bytes(), 0).and_then(|mut m| m.next_member());
         assert_eq!(
