@@ -58,6 +58,31 @@ fn div_pow10(x: u128, n: u32) -> u128 {
     x / 10u128.pow(n)
 }
 
+/// What a quantity's suffix says: its format, the power of ten and the power of two it
+/// multiplies by (`Ki`: binary, 2^10; `m`: decimal, 10^-3; `e3`: decimal, 10^3); None when it
+/// is none of the API server's suffixes.
+fn suffix_scale(suffix: &str) -> Option<(Format, i32, u32)> {
+    Some(match suffix {
+        "" => (Format::DecimalSi, 0, 0),
+        "n" => (Format::DecimalSi, -9, 0),
+        "u" => (Format::DecimalSi, -6, 0),
+        "m" => (Format::DecimalSi, -3, 0),
+        "k" => (Format::DecimalSi, 3, 0),
+        "M" => (Format::DecimalSi, 6, 0),
+        "G" => (Format::DecimalSi, 9, 0),
+        "T" => (Format::DecimalSi, 12, 0),
+        "P" => (Format::DecimalSi, 15, 0),
+        "E" => (Format::DecimalSi, 18, 0),
+        "Ki" => (Format::BinarySi, 0, 10),
+        "Mi" => (Format::BinarySi, 0, 20),
+        "Gi" => (Format::BinarySi, 0, 30),
+        "Ti" => (Format::BinarySi, 0, 40),
+        "Pi" => (Format::BinarySi, 0, 50),
+        "Ei" => (Format::BinarySi, 0, 60),
+        other => (Format::DecimalSi, parse_exponent(other)?, 0),
+    })
+}
+
 impl Quantity {
     /// Parse a quantity the way the API server does: `[+-]digits[.digits][suffix]` where the
     /// suffix is one of n u m k M G T P E, Ki Mi Gi Ti Pi Ei, or an exponent `e3` / `E-2`.
@@ -115,29 +140,7 @@ impl Quantity {
             mantissa = u128::from(leading);
         }
         let suffix = text.get(pos..).ok_or_else(syntax)?;
-        let (format, decimal_shift, binary_power) = match suffix {
-            "" => (Format::DecimalSi, 0, 0),
-            "n" => (Format::DecimalSi, -9, 0),
-            "u" => (Format::DecimalSi, -6, 0),
-            "m" => (Format::DecimalSi, -3, 0),
-            "k" => (Format::DecimalSi, 3, 0),
-            "M" => (Format::DecimalSi, 6, 0),
-            "G" => (Format::DecimalSi, 9, 0),
-            "T" => (Format::DecimalSi, 12, 0),
-            "P" => (Format::DecimalSi, 15, 0),
-            "E" => (Format::DecimalSi, 18, 0),
-            "Ki" => (Format::BinarySi, 0, 10),
-            "Mi" => (Format::BinarySi, 0, 20),
-            "Gi" => (Format::BinarySi, 0, 30),
-            "Ti" => (Format::BinarySi, 0, 40),
-            "Pi" => (Format::BinarySi, 0, 50),
-            "Ei" => (Format::BinarySi, 0, 60),
-            other => (
-                Format::DecimalSi,
-                parse_exponent(other).ok_or_else(syntax)?,
-                0,
-            ),
-        };
+        let (format, decimal_shift, binary_power) = suffix_scale(suffix).ok_or_else(syntax)?;
         exponent = exponent.checked_add(decimal_shift).ok_or_else(overflow)?;
         if binary_power > 0 {
             mantissa = mantissa

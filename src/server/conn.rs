@@ -49,6 +49,17 @@ struct Activity {
 }
 
 impl Activity {
+    fn new(is_h2: bool) -> Self {
+        Activity {
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(0),
+            // HTTP/2: the connection's first request must be complete within the header
+            // timeout (from now: after the handshake); its frames are not tracked per request.
+            headers_since_ms: AtomicU64::new(u64::from(is_h2)),
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
     }
@@ -78,35 +89,13 @@ impl<H: Handler> Connection<H> {
         self.metrics.open_connections.inc();
         let _open = OpenGauge(self.metrics.clone());
 
-        let tls =
-            match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    self.metrics.tls_handshake_failures.inc();
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    self.metrics.tls_handshake_failures.inc();
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
+        let Some(tls) = self.handshake(tcp, peer).await else {
+            return;
+        };
         let is_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
 
-        let activity = Arc::new(Activity {
-            opened: Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(0),
-            // HTTP/2: the connection's first request must be complete within the header
-            // timeout (from now: after the handshake); its frames are not tracked per request.
-            headers_since_ms: AtomicU64::new(u64::from(is_h2)),
-        });
-        let budget = if is_h2 {
-            BodyBudget::with_connection_cap(self.budget.clone(), self.connection_body_cap)
-        } else {
-            BodyBudget::new(self.budget.clone())
-        };
+        let activity = Arc::new(Activity::new(is_h2));
+        let budget = self.body_budget(is_h2);
         let handler = self.handler.clone();
         let act = activity.clone();
         let shutdown = self.shutdown.clone();
@@ -137,11 +126,7 @@ impl<H: Handler> Connection<H> {
             // HTTP/2 sends frames (pings, settings) between requests; its streams are not timed here.
             track_headers: !is_h2,
         });
-        let http = if is_h2 {
-            self.http2.clone()
-        } else {
-            self.http1.clone()
-        };
+        let http = self.builder(is_h2);
         let mut conn = pin!(http.serve_connection(io, service));
         // The timeouts and the drain are watched by a task of their own, which wakes this one
         // only when one fires: polled here, they cost ~1k instructions a request (a select
@@ -173,6 +158,45 @@ impl<H: Handler> Connection<H> {
                     }
                     conn.as_mut().graceful_shutdown();
                 }
+            }
+        }
+    }
+
+    /// The connection's share of the body budget: HTTP/2 multiplexes, so its bodies in flight
+    /// are also capped per connection.
+    fn body_budget(&self, is_h2: bool) -> BodyBudget {
+        if is_h2 {
+            BodyBudget::with_connection_cap(self.budget.clone(), self.connection_body_cap)
+        } else {
+            BodyBudget::new(self.budget.clone())
+        }
+    }
+
+    fn builder(&self, is_h2: bool) -> Arc<auto::Builder<TokioExecutor>> {
+        if is_h2 {
+            self.http2.clone()
+        } else {
+            self.http1.clone()
+        }
+    }
+
+    /// The TLS handshake, within its timeout; None (counted, logged) when it fails.
+    async fn handshake(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(tcp)).await {
+            Ok(Ok(s)) => Some(s),
+            Ok(Err(e)) => {
+                self.metrics.tls_handshake_failures.inc();
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                self.metrics.tls_handshake_failures.inc();
+                tracing::debug!(%peer, "TLS handshake timed out");
+                None
             }
         }
     }

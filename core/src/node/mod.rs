@@ -347,7 +347,7 @@ impl<'r> ResourceRule<'r, '_> {
     fn decide(
         &self,
         resource: &'r str,
-        incoming_text: &'r Cow<'r, str>,
+        incoming_text: &'r str,
         out: &mut Outputs<'r>,
     ) -> Result<(), InflateError> {
         let ratio = self
@@ -370,7 +370,7 @@ impl<'r> ResourceRule<'r, '_> {
             Some(((text, raw), written)) if written == incoming => {
                 (text.as_ref(), *raw, RawSource::Annotation)
             }
-            _ => (incoming_text.as_ref(), incoming, RawSource::Incoming),
+            _ => (incoming_text, incoming, RawSource::Incoming),
         };
         if (usage_target.is_some() || ratio.is_some()) && raw_source == RawSource::Incoming {
             check_capacity(resource, &incoming, incoming_text, self.node.capacity)?;
