@@ -1,8 +1,10 @@
-//! The webhook's request handler, served by `server`: `POST /mutate` -> `admission`.
+//! The webhook's request handler, served by `server`: `POST /mutate` -> `admission`, and with
+//! `--request-cap` `POST /validate` -> `placement`, through one skeleton (`route`).
 //!
 //! The hot path: match the path and method, check the content type and length, collect the
 //! body into one buffer sized from `Content-Length` (within the API server's own `timeout`),
-//! take a lock-free snapshot of the policies, call `admission` inline, count, log, answer.
+//! take a lock-free snapshot of the policies, call `admission` inline, count, log, answer,
+//! observe the duration. `/validate` goes the same way to `placement` instead.
 //! Every refusal is a short text message. `admission` is the one panic guard: it fails open
 //! and never panics, so nothing here catches panics.
 
