@@ -64,6 +64,9 @@ pub struct Desired {
     pub binding: Value,
     /// The static policies the compiled policy serves.
     pub in_process: Vec<String>,
+    /// The node webhook's match condition while the policy is in force: the complement of
+    /// what it serves (`hand_over`).
+    pub webhook_condition: String,
 }
 
 /// The objects for `policies` on `path`, named `name`, with quiet heartbeats refreshed every
@@ -88,6 +91,7 @@ pub fn desired(
         policy,
         binding,
         in_process: compiled.in_process,
+        webhook_condition: compiled.webhook_condition,
     })
 }
 

@@ -10,9 +10,14 @@
 //!
 //! The binding is only ever read. Every replica's `in_process::keep_flag` makes the webhook
 //! serve every node while either object is not the compiled one, whoever is to blame.
+//!
+//! With `leader`, the node webhook is narrowed to the nodes the compiled policy leaves to it
+//! while the policy is in force, and the policy is rewritten only when that is safe
+//! (`hand_over`): `narrowing` before the configuration is written, `seen_config` after.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use kube::api::{DynamicObject, PostParams};
 use kube::{Api, Client};
@@ -20,6 +25,7 @@ use serde_json::Value;
 
 use super::compiled_policy::{self, Desired, ObjectState, Upkeep};
 use super::election::{Claim, NotLeader};
+use super::hand_over;
 use super::in_process::InProcessContext;
 use super::metrics::LeaderMetrics;
 use crate::mode::{InProcessPolicy, Path};
@@ -48,6 +54,15 @@ pub struct Compiled {
     stale_checked: AtomicBool,
     /// Each object's state as last logged (policy, binding): a change is logged once.
     logged: Mutex<[Option<ObjectState>; 2]>,
+    /// The node webhook as the leader last wrote or read it.
+    config: Mutex<ConfigSeen>,
+}
+
+/// The node webhook's narrowing as last written or read, and since when it has been wide.
+#[derive(Debug, Default)]
+struct ConfigSeen {
+    narrowing: Option<String>,
+    wide_since: Option<Instant>,
 }
 
 impl Compiled {
@@ -58,7 +73,69 @@ impl Compiled {
             bindings: Api::all_with(client.clone(), &compiled_policy::binding_resource()),
             stale_checked: AtomicBool::new(false),
             logged: Mutex::new([None, None]),
+            config: Mutex::new(ConfigSeen::default()),
         }
+    }
+
+    /// The compiled objects wanted now (None: none, or none the leader writes).
+    fn want(&self, name: &str) -> Option<Desired> {
+        let c = &self.context;
+        if c.path == Path::Webhook || !c.policies.is_synced() {
+            return None;
+        }
+        compiled_policy::desired(
+            &c.policies.current(),
+            c.path,
+            name,
+            c.heartbeat_refresh,
+            &c.nudger,
+        )
+    }
+
+    /// The node webhook's narrowing to write (`hand_over::narrowing`), given the live one.
+    /// Only with `--in-process-policy leader`: an operator's writes are not ordered with the
+    /// leader's. A failed read widens.
+    pub async fn narrowing(&self, name: &str, live: Option<&str>) -> Option<String> {
+        if self.context.writer != InProcessPolicy::Leader {
+            return None;
+        }
+        let want = self.want(name)?;
+        let in_force = self.context.flag.load(Ordering::Relaxed);
+        let repairable = match (
+            read(&self.policies, name).await,
+            read(&self.bindings, name).await,
+        ) {
+            (Ok(Some(_)), Ok(binding)) => {
+                compiled_policy::object_state(Some(&want.binding), binding.as_ref(), false)
+                    == ObjectState::Ready
+            }
+            _ => false,
+        };
+        hand_over::narrowing(Some(&want.webhook_condition), live, in_force, repairable)
+            .map(String::from)
+    }
+
+    /// Record the node webhook's narrowing as it now stands (None: wide, or no configuration).
+    pub fn seen_config(&self, narrowing: Option<String>) {
+        let mut seen = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        seen.wide_since = match narrowing {
+            Some(_) => None,
+            None => seen.wide_since.or(Some(Instant::now())),
+        };
+        seen.narrowing = narrowing;
+    }
+
+    /// Whether the policy may be rewritten now (`hand_over::may_write_policy`); also whether
+    /// the leader should look again soon (a rewrite waits).
+    pub fn may_write(&self, name: &str) -> bool {
+        let want = self.want(name);
+        let seen = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        hand_over::may_write_policy(
+            want.as_ref().map(|w| w.webhook_condition.as_str()),
+            seen.narrowing.as_deref(),
+            seen.wide_since,
+            Instant::now(),
+        )
     }
 
     /// One step of the upkeep. A failure is logged and retried at the next tick without
@@ -76,17 +153,19 @@ impl Compiled {
         if webhook_path && (operator || self.stale_checked.load(Ordering::Relaxed)) {
             return Ok(());
         }
+        // Not while the API server may still skip the webhook for nodes a rewrite would take
+        // from the compiled policy (`hand_over`): the configuration is widened first.
+        if !operator && !self.may_write(name) {
+            tracing::debug!(
+                "the compiled admission policy waits for the node webhook to be widened"
+            );
+            return Ok(());
+        }
         // Never from an empty set before the first one is read: that would reset the policy.
         if !webhook_path && !c.policies.is_synced() {
             return Ok(());
         }
-        let want = compiled_policy::desired(
-            &c.policies.current(),
-            c.path,
-            name,
-            c.heartbeat_refresh,
-            &c.nudger,
-        );
+        let want = self.want(name);
         match self.keep(claim, metrics, name, want.as_ref()).await {
             Ok(()) => {
                 self.stale_checked.store(webhook_path, Ordering::Relaxed);

@@ -158,6 +158,21 @@ impl Controller {
             out.push(tokio::spawn(notify_on(stream, wake.clone())));
         }
         if self.compiled.context.path == Path::InProcess {
+            // The in-process flag turning on or off narrows or widens the node webhook.
+            let flag = self.compiled.context.flag.clone();
+            let woken = wake.clone();
+            out.push(tokio::spawn(async move {
+                let mut last = flag.load(Ordering::Relaxed);
+                let mut tick = tokio::time::interval(super::in_process::TICK);
+                loop {
+                    tick.tick().await;
+                    let now = flag.load(Ordering::Relaxed);
+                    if now != last {
+                        last = now;
+                        woken.notify_one();
+                    }
+                }
+            }));
             // A policy change rebuilds the compiled policy at once; its objects are watched.
             let store = self.compiled.context.policies.clone();
             let woken = wake.clone();
@@ -217,7 +232,7 @@ impl Controller {
             };
             let action = rotation::decide(&observed);
             if let Action::Wait { until } = action {
-                return Ok(until);
+                return Ok(self.hand_over_soon(until));
             }
             tracing::info!(?action, "leader action");
             let step = Step {
@@ -241,7 +256,17 @@ impl Controller {
         self.compiled
             .upkeep(&self.claim, &self.metrics, &self.s.webhook.config_name)
             .await?;
-        Ok(now() + jiff::SignedDuration::try_from(RESYNC).unwrap_or_default())
+        Ok(self.hand_over_soon(now() + jiff::SignedDuration::try_from(RESYNC).unwrap_or_default()))
+    }
+
+    /// `until`, or within a second while a rewrite of the compiled policy waits for the node
+    /// webhook to be widened (`hand_over`).
+    fn hand_over_soon(&self, until: Timestamp) -> Timestamp {
+        if self.compiled.may_write(&self.s.webhook.config_name) {
+            until
+        } else {
+            until.min(now() + jiff::SignedDuration::from_secs(1))
+        }
     }
 
     /// Create or repair the webhook configuration from the trusted CAs; returns the fingerprints
@@ -250,12 +275,19 @@ impl Controller {
         &self,
         ca: &CaMaterial,
     ) -> Result<Option<Vec<Fingerprint>>, ControllerError> {
-        let actual = self.configs.get_opt(&self.s.webhook.config_name).await?;
+        let name = &self.s.webhook.config_name;
+        let actual = self.configs.get_opt(name).await?;
         let live = actual.as_ref().and_then(webhook_config::live_ca_bundle);
+        let live_narrowing = actual.as_ref().and_then(webhook_config::live_narrowing);
         let Some(bundle) = cert_source::bundle_to_write(self.s.cert_source, ca, live) else {
+            self.compiled.seen_config(live_narrowing);
             return Ok(actual.as_ref().map(webhook_config::bundle_fingerprints));
         };
-        let want = webhook_config::desired(&self.s.webhook, &bundle);
+        let narrowing = self
+            .compiled
+            .narrowing(name, live_narrowing.as_deref())
+            .await;
+        let want = webhook_config::desired(&self.s.webhook, &bundle, narrowing.as_deref());
         let written = match actual {
             None => {
                 self.claim.check()?;
@@ -276,12 +308,15 @@ impl Controller {
                         .configs
                         .replace(&name, &PostParams::default(), &repaired)
                         .await?;
-                    tracing::info!(%name, fields = ?drifted, "repaired the webhook configuration");
-                    self.metrics.repair("webhook-configuration", "repaired");
+                    let action = webhook_config::repair_action(&actual, &want, &drifted);
+                    tracing::info!(%name, fields = ?drifted, action, "repaired the webhook configuration");
+                    self.metrics.repair("webhook-configuration", action);
                     out
                 }
             }
         };
+        self.compiled
+            .seen_config(webhook_config::live_narrowing(&written));
         Ok(Some(webhook_config::bundle_fingerprints(&written)))
     }
 

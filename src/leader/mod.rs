@@ -44,6 +44,7 @@ pub mod compiled_policy;
 pub mod compiled_upkeep;
 pub mod controller;
 pub mod election;
+pub mod hand_over;
 pub mod in_process;
 pub mod lease_lock;
 pub mod metrics;

@@ -10,6 +10,9 @@
 //!   nodes (the group `system:nodes`) and the leader's nudges (status writes by the
 //!   ServiceAccount, `nudge`): the API server does not call the webhook for other status
 //!   writers (node-problem-detector, controllers, users), whose writes keep the stored allocatable.
+//!   In in-process mode, while the compiled policy is in force, a second condition
+//!   (`served-by-webhook`, the complement of the compiled policy: `hand_over`) leaves out the
+//!   nodes the compiled policy serves.
 //! - `pods.overcommit.dev`: CREATE pods in namespaces labelled
 //!   `overcommit.dev/pod-defaults=enabled`, never in kube-system or the webhook's own namespace
 //!   (namespaceSelector on that label and `kubernetes.io/metadata.name`), opt-out by the pod label
@@ -149,15 +152,17 @@ fn webhook_at(
     }
 }
 
-/// The configuration as it must be.
-pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfiguration {
+/// The configuration as it must be; `narrowing`: the node webhook's second match condition
+/// (`hand_over::narrowing`), None: wide.
+pub fn desired(
+    s: &WebhookSettings,
+    ca_bundle: &[u8],
+    narrowing: Option<&str>,
+) -> MutatingWebhookConfiguration {
     let nodes_condition = inprocess::match_condition(&s.nudger);
-    let mut nodes = webhook(
-        s,
-        NODES_WEBHOOK,
-        ca_bundle,
-        (inprocess::MATCH_CONDITION_NAME, &nodes_condition),
-    );
+    let mut conditions = vec![(inprocess::MATCH_CONDITION_NAME, nodes_condition.as_str())];
+    conditions.extend(narrowing.map(|n| (inprocess::WEBHOOK_CONDITION_NAME, n)));
+    let mut nodes = webhook_at(s, NODES_WEBHOOK, "/mutate", ca_bundle, &conditions);
     nodes.rules = Some(vec![
         rule("UPDATE", "nodes/status", "Cluster"),
         rule("CREATE", "nodes", "Cluster"),
@@ -188,6 +193,34 @@ pub fn desired(s: &WebhookSettings, ca_bundle: &[u8]) -> MutatingWebhookConfigur
     MutatingWebhookConfiguration {
         metadata: metadata(s),
         webhooks: Some(vec![nodes, pods]),
+    }
+}
+
+/// The node webhook's narrowing in a live configuration (its `served-by-webhook` condition).
+pub fn live_narrowing(actual: &MutatingWebhookConfiguration) -> Option<String> {
+    actual
+        .webhooks
+        .iter()
+        .flatten()
+        .filter(|w| w.name == NODES_WEBHOOK)
+        .flat_map(|w| w.match_conditions.iter().flatten())
+        .find(|c| c.name == inprocess::WEBHOOK_CONDITION_NAME)
+        .map(|c| c.expression.clone())
+}
+
+/// The `action` of a repair, for the log and `kube_overcommit_config_repairs_total`: `narrowed`
+/// or `widened` when only the node webhook's narrowing changes (in-process hand-over),
+/// `repaired` otherwise.
+pub fn repair_action(
+    actual: &MutatingWebhookConfiguration,
+    want: &MutatingWebhookConfiguration,
+    drifted: &[String],
+) -> &'static str {
+    let only_conditions = drifted == [format!("{NODES_WEBHOOK}.matchConditions")];
+    match (live_narrowing(actual), live_narrowing(want)) {
+        (None, Some(_)) if only_conditions => "narrowed",
+        (Some(_), None) if only_conditions => "widened",
+        _ => "repaired",
     }
 }
 
@@ -775,7 +808,7 @@ mod tests {
 
     #[test]
     fn desired_shape() {
-        let cfg = desired(&settings(), b"CA");
+        let cfg = desired(&settings(), b"CA", None);
         let hooks = cfg.webhooks.unwrap();
         assert_eq!(hooks.len(), 2);
         for h in &hooks {
@@ -847,9 +880,48 @@ mod tests {
         );
     }
 
+    /// In-process mode: the narrowing is the node webhook's second condition, after the first
+    /// (which the webhook guard pins); the pod webhook is untouched; it reads back as written
+    /// and a change of it is drift, repaired like any other.
+    #[test]
+    fn narrowing_is_the_node_webhooks_second_condition() {
+        let wide = desired(&settings(), b"CA", None);
+        let narrowed = desired(&settings(), b"CA", Some("false"));
+        let hooks = narrowed.webhooks.clone().unwrap_or_default();
+        let names: Vec<&str> = hooks[0]
+            .match_conditions
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [inprocess::MATCH_CONDITION_NAME, "served-by-webhook"]
+        );
+        assert_eq!(
+            hooks[1].match_conditions,
+            wide.webhooks.clone().unwrap_or_default()[1].match_conditions
+        );
+        assert_eq!(live_narrowing(&narrowed).as_deref(), Some("false"));
+        assert_eq!(live_narrowing(&wide), None);
+        assert_eq!(
+            drift(&wide, &narrowed),
+            vec!["nodes.overcommit.dev.matchConditions"]
+        );
+        assert!(drift(&repaired(&wide, &narrowed), &narrowed).is_empty());
+        let drifted = drift(&wide, &narrowed);
+        assert_eq!(repair_action(&wide, &narrowed, &drifted), "narrowed");
+        assert_eq!(repair_action(&narrowed, &wide, &drifted), "widened");
+        let other = desired(&settings(), b"CA", Some("true"));
+        assert_eq!(
+            repair_action(&narrowed, &other, &drift(&narrowed, &other)),
+            "repaired"
+        );
+    }
+
     #[test]
     fn drift_table() {
-        let want = desired(&settings(), b"CA");
+        let want = desired(&settings(), b"CA", None);
         type Edit = fn(&mut MutatingWebhook);
         let cases: Vec<(&str, Edit, bool)> = vec![
             ("unchanged", |_| {}, false),
@@ -988,7 +1060,7 @@ mod tests {
     fn cert_manager_annotation_on_both() {
         use crate::leader::cert_source::INJECT_CA_FROM;
         let s = cert_manager_settings();
-        let mutating = desired(&s, b"");
+        let mutating = desired(&s, b"", None);
         let validating = desired_validating(&s, b"").unwrap();
         let want = Some("kube-overcommit/kube-overcommit".to_string());
         assert_eq!(annotation(&mutating, INJECT_CA_FROM), want);
@@ -998,7 +1070,7 @@ mod tests {
             assert_eq!(h.client_config.ca_bundle, None);
         }
         assert_eq!(
-            annotation(&desired(&settings(), b"CA"), INJECT_CA_FROM),
+            annotation(&desired(&settings(), b"CA", None), INJECT_CA_FROM),
             None
         );
     }
@@ -1007,7 +1079,7 @@ mod tests {
     fn annotation_drift_table() {
         use crate::leader::cert_source::{INJECT_CA_FROM, INJECT_CA_FROM_SECRET};
         let with = |pairs: &[(&str, &str)]| {
-            let mut cfg = desired(&settings(), b"CA");
+            let mut cfg = desired(&settings(), b"CA", None);
             cfg.metadata.annotations = Some(
                 pairs
                     .iter()
@@ -1017,8 +1089,8 @@ mod tests {
             );
             cfg
         };
-        let cm = desired(&cert_manager_settings(), b"CA");
-        let leader = desired(&settings(), b"CA");
+        let cm = desired(&cert_manager_settings(), b"CA", None);
+        let leader = desired(&settings(), b"CA", None);
         let from = "kube-overcommit/kube-overcommit";
         let cases: Vec<(
             &str,
@@ -1074,8 +1146,8 @@ mod tests {
     fn cert_manager_copy_of_live_bundle_is_not_drift() {
         let s = cert_manager_settings();
         // What cainjector wrote; the leader builds its wanted object from it.
-        let live = desired(&s, b"INJECTED");
-        let want = desired(&s, &live_ca_bundle(&live).unwrap_or_default());
+        let live = desired(&s, b"INJECTED", None);
+        let want = desired(&s, &live_ca_bundle(&live).unwrap_or_default(), None);
         assert!(drift(&live, &want).is_empty());
         let mut timeout_changed = live.clone();
         if let Some(h) = timeout_changed

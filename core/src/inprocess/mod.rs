@@ -51,6 +51,10 @@ use crate::quantity::Ratio;
 pub const POLICY_NAME: &str = "nodes.overcommit.dev";
 /// Name of the match condition of the node webhook and of the compiled policy.
 pub const MATCH_CONDITION_NAME: &str = "node-registration-kubelet-or-nudge";
+/// Name of the node webhook's second match condition while the compiled policy is in force
+/// (`Compiled::webhook_condition`): the API server then calls the webhook only for the nodes the
+/// compiled policy leaves to it.
+pub const WEBHOOK_CONDITION_NAME: &str = "served-by-webhook";
 
 /// Which node writes the node webhook and the compiled policy see: registrations, status writes
 /// by kubelets (the group `system:nodes`), and the leader's nudges, the status writes of the
@@ -77,6 +81,9 @@ pub struct Compiled {
     pub in_process: Vec<String>,
     /// Policies left to the webhook (usage, cap, or names the listed format cannot hold).
     pub webhook: Vec<String>,
+    /// A CEL match condition true exactly for the node writes the compiled policy leaves to the
+    /// webhook (the complement of what it serves: `serves`); `false` when it serves every node.
+    pub webhook_condition: String,
 }
 
 /// Whether a policy's node rule needs nothing but the node: no usage, no cap, and names and
@@ -133,8 +140,8 @@ pub fn applied_text(policy: &CompiledPolicy) -> String {
 pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) -> Compiled {
     let mut in_process = Vec::new();
     let mut webhook = Vec::new();
-    // (selector expression, choice) in the order `for_node` tries them.
-    let mut chain = Vec::new();
+    // (selector requirements, choice) in the order `for_node` tries them.
+    let mut chain: Vec<(&[Requirement], &str)> = Vec::new();
     let mut ratios = vec![
         (lit(""), "{}".to_string()),
         (lit(WEBHOOK_CHOICE), "{}".into()),
@@ -170,19 +177,73 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
             webhook.push(policy.name.clone());
             WEBHOOK_CHOICE
         };
-        chain.push((selector(&policy.selector.requirements), lit(choice)));
+        chain.push((&policy.selector.requirements, choice));
     }
     let choice = chain
         .iter()
         .rev()
-        .fold(lit(""), |rest, (selector, choice)| {
-            format!("({selector} ? {choice} : {rest})")
+        .fold(lit(""), |rest, (requirements, choice)| {
+            let selector = selector(requirements, "variables.labels");
+            format!("({selector} ? {} : {rest})", lit(choice))
         });
+    let variables = rule_variables(&choice, &ratios, &keys, &applied);
+    let beats = beats(heartbeat_refresh);
+    let heartbeats = beats.is_some();
+    let variables: Vec<Value> = variables
+        .into_iter()
+        .chain(beats.map(|expression| ("beats", expression)))
+        .map(|(name, expression)| json!({"name": name, "expression": expression}))
+        .collect();
+    let (policy, binding) = objects(variables, heartbeats, nudger);
+    Compiled {
+        policy,
+        binding,
+        in_process,
+        webhook,
+        webhook_condition: webhook_condition(&chain),
+    }
+}
+
+/// The MutatingAdmissionPolicy of `variables` and its binding.
+fn objects(variables: Vec<Value>, heartbeats: bool, nudger: &str) -> (Value, Value) {
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/managed-by": "kube-overcommit"}},
+        "spec": {
+            "failurePolicy": "Ignore",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": node_writes(),
+            "matchConditions": [{"name": MATCH_CONDITION_NAME, "expression": match_condition(nudger)}],
+            "variables": variables,
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch_expression(heartbeats)}}],
+        },
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/managed-by": "kube-overcommit"}},
+        // The binding's matchResources bound what the policy can ever act on, whatever its
+        // matchConstraints say: the binding is installed by the operator and the
+        // ServiceAccount cannot write it (SECURITY.md).
+        "spec": {"policyName": POLICY_NAME, "matchResources": node_writes()},
+    });
+    (policy, binding)
+}
+
+/// The policy's CEL variables, `choice` the policy chain and `ratios`, `keys`, `applied` the
+/// per-policy tables (policy literal, CEL value); `beats` is added after them when on.
+fn rule_variables(
+    choice: &str,
+    ratios: &[(String, String)],
+    keys: &[(String, String)],
+    applied: &[(String, String)],
+) -> Vec<(&'static str, String)> {
     let table = |entries: &[(String, String)]| {
         let body: Vec<String> = entries.iter().map(|(k, v)| format!("{k}: {v}")).collect();
         format!("{{{}}}[variables.choice]", body.join(", "))
     };
-    let variables = [
+    [
         (
             "labels",
             "has(object.metadata.labels) ? object.metadata.labels : {}".to_string(),
@@ -194,9 +255,9 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
                 d = lit(DISABLED_LABEL)
             ),
         ),
-        ("ratios", table(&ratios)),
-        ("ratioKeys", table(&keys)),
-        ("applied", table(&applied)),
+        ("ratios", table(ratios)),
+        ("ratioKeys", table(keys)),
+        ("applied", table(applied)),
         (
             "alloc",
             "has(object.status) && has(object.status.allocatable) ? object.status.allocatable : {}"
@@ -207,6 +268,15 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
             "has(object.status) && has(object.status.capacity) ? object.status.capacity : {}"
                 .into(),
         ),
+    ]
+    .into_iter()
+    .chain(record_variables())
+    .collect()
+}
+
+/// The variables that read the previous record and recompute each resource (`lines`).
+fn record_variables() -> [(&'static str, String); 9] {
+    [
         ("prevAnn", prev_annotations()),
         (
             "prevOK",
@@ -259,42 +329,34 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
              variables.lines.filter(l, l.r == k)[0].raw).join(',')"
                 .into(),
         ),
-    ];
-    let beats = beats(heartbeat_refresh);
-    let heartbeats = beats.is_some();
-    let variables: Vec<Value> = variables
-        .into_iter()
-        .chain(beats.map(|expression| ("beats", expression)))
-        .map(|(name, expression)| json!({"name": name, "expression": expression}))
-        .collect();
-    let policy = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/managed-by": "kube-overcommit"}},
-        "spec": {
-            "failurePolicy": "Ignore",
-            "reinvocationPolicy": "Never",
-            "matchConstraints": node_writes(),
-            "matchConditions": [{"name": MATCH_CONDITION_NAME, "expression": match_condition(nudger)}],
-            "variables": variables,
-            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch_expression(heartbeats)}}],
-        },
-    });
-    let binding = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/managed-by": "kube-overcommit"}},
-        // The binding's matchResources bound what the policy can ever act on, whatever its
-        // matchConstraints say: the binding is installed by the operator and the
-        // ServiceAccount cannot write it (SECURITY.md).
-        "spec": {"policyName": POLICY_NAME, "matchResources": node_writes()},
-    });
-    Compiled {
-        policy,
-        binding,
-        in_process,
-        webhook,
-    }
+    ]
+}
+
+/// The node webhook's match condition while the compiled policy is in force: the node is not
+/// opted out and its winning policy is one `compile` leaves to the webhook (`choice` `!`).
+/// Webhook match conditions have no variables: the labels are bound once by a one-element
+/// `exists`. Static policies after the last webhook one are dropped (they, like no policy,
+/// give false).
+fn webhook_condition(chain: &[(&[Requirement], &str)]) -> String {
+    let last = chain
+        .iter()
+        .rposition(|(_, choice)| *choice == WEBHOOK_CHOICE);
+    let Some(last) = last else {
+        return "false".into();
+    };
+    let choice =
+        chain[..=last]
+            .iter()
+            .rev()
+            .fold("false".to_string(), |rest, (requirements, choice)| {
+                let selector = selector(requirements, "labels");
+                format!("({selector} ? {} : {rest})", *choice == WEBHOOK_CHOICE)
+            });
+    format!(
+        "[has(object.metadata.labels) ? object.metadata.labels : {{}}].exists(labels, \
+         !({d} in labels && labels[{d}] == 'true') && {choice})",
+        d = lit(DISABLED_LABEL)
+    )
 }
 
 /// What the compiled policy acts on: node registrations and node status writes.
@@ -313,8 +375,8 @@ fn lit(text: &str) -> String {
     format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
-/// A selector's requirements over `variables.labels` (none: every node).
-fn selector(requirements: &[Requirement]) -> String {
+/// A selector's requirements over the label map `labels` (none: every node).
+fn selector(requirements: &[Requirement], labels: &str) -> String {
     if requirements.is_empty() {
         return "true".into();
     }
@@ -326,17 +388,17 @@ fn selector(requirements: &[Requirement]) -> String {
         .iter()
         .map(|r| match r {
             Requirement::In(key, v) => format!(
-                "({k} in variables.labels && variables.labels[{k}] in {v})",
+                "({k} in {labels} && {labels}[{k}] in {v})",
                 k = lit(key),
                 v = values(v)
             ),
             Requirement::NotIn(key, v) => format!(
-                "!({k} in variables.labels && variables.labels[{k}] in {v})",
+                "!({k} in {labels} && {labels}[{k}] in {v})",
                 k = lit(key),
                 v = values(v)
             ),
-            Requirement::Exists(key) => format!("({} in variables.labels)", lit(key)),
-            Requirement::DoesNotExist(key) => format!("!({} in variables.labels)", lit(key)),
+            Requirement::Exists(key) => format!("({} in {labels})", lit(key)),
+            Requirement::DoesNotExist(key) => format!("!({} in {labels})", lit(key)),
         })
         .collect();
     format!("({})", parts.join(" && "))

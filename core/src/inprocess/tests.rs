@@ -206,9 +206,12 @@ fn selectors_compile_to_kubernetes_semantics() {
         ),
     ];
     for (requirement, want) in cases {
-        assert_eq!(selector(std::slice::from_ref(&requirement)), want);
+        assert_eq!(
+            selector(std::slice::from_ref(&requirement), "variables.labels"),
+            want
+        );
     }
-    assert_eq!(selector(&[]), "true");
+    assert_eq!(selector(&[], "labels"), "true");
 }
 
 #[test]
@@ -349,4 +352,43 @@ fn every_condition_field_the_webhook_compares_is_compared() {
         beats.find("c.?status"),
     );
     assert!(as_stored.is_some() && as_stored < fields, "{beats}");
+}
+
+/// The node webhook's condition while the compiled policy is in force is the complement of what
+/// the compiled policy serves: true only where `choice` is `!` (a usage policy wins), in the
+/// chain's order; static policies after the last webhook one are dropped; with no webhook
+/// policy it is a constant false (the API server never calls the webhook for nodes).
+#[test]
+fn the_webhook_condition_is_the_complement_of_the_compiled_policy() {
+    let compiled = compile(&policies(SET), REFRESH, NUDGER);
+    let condition = &compiled.webhook_condition;
+    assert!(
+        condition.starts_with("[has(object.metadata.labels) ? object.metadata.labels : {}].exists(labels, !('overcommit.dev/disabled' in labels && labels['overcommit.dev/disabled'] == 'true') && "),
+        "{condition}"
+    );
+    let usage = "(('pool' in labels && labels['pool'] in ['usage'])) ? true : ";
+    let gpu = "(('pool' in labels && labels['pool'] in ['gpu'])) ? false : ";
+    // `gpu` and `everything` (static, after the last webhook policy) and `empty` (skipped) are
+    // not there.
+    assert!(
+        condition.ends_with(&format!("({usage}false))")),
+        "{condition}"
+    );
+    let statics = SET.replace(
+        "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n",
+        "",
+    );
+    assert_eq!(
+        compile(&policies(&statics), REFRESH, NUDGER).webhook_condition,
+        "false"
+    );
+    assert_eq!(
+        compile(&policies(""), REFRESH, NUDGER).webhook_condition,
+        "false"
+    );
+    // A static policy ahead of a webhook one in the chain gives false for its nodes.
+    let ordered = SET.replace("priority: 10", "priority: 30");
+    let condition = compile(&policies(&ordered), REFRESH, NUDGER).webhook_condition;
+    let (u, g) = (condition.find(usage), condition.find(gpu));
+    assert!(g.is_some() && u.is_some() && g < u, "{condition}");
 }

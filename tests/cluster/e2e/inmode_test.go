@@ -62,22 +62,7 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 	defer cancel()
 	bin, ns, rs, dyn := startInMode(t, ctx, "inmode", "--mode", "in-process")
 	policies, bindings := dyn.Resource(mapGVR), dyn.Resource(mabGVR)
-	// Both objects are the install's (deploy/components/in-process): the policy as the
-	// placeholder the leader fills in, the binding never written by it.
-	placeholder, err := install.InProcessPolicy(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	shipped, err := install.InProcessBinding(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := policies.Create(ctx, placeholder.DeepCopy(), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bindings.Create(ctx, shipped, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	placeholder := installCompiledObjects(t, ctx, ns, dyn)
 	get := func() (*unstructured.Unstructured, *unstructured.Unstructured, error) {
 		p, err := policies.Get(ctx, ns, metav1.GetOptions{})
 		if err != nil {
@@ -248,6 +233,28 @@ func TestInProcessModeKeptByLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	repairedWithin(t, "placeholder applied again, filled in", 30*time.Second, ratio3)
+}
+
+// installCompiledObjects creates both objects as the install ships them
+// (deploy/components/in-process): the policy as the placeholder the leader fills in (returned),
+// the binding never written by it.
+func installCompiledObjects(t *testing.T, ctx context.Context, ns string, dyn dynamic.Interface) *unstructured.Unstructured {
+	t.Helper()
+	placeholder, err := install.InProcessPolicy(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := install.InProcessBinding(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(mapGVR).Create(ctx, placeholder.DeepCopy(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(mabGVR).Create(ctx, shipped, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return placeholder
 }
 
 // isPlaceholder: the policy is the one deploy/components/in-process ships (its only match
