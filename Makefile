@@ -134,6 +134,7 @@ bench:
 
 bench-smoke:
 	python3 bench/bench.py smoke
+	python3 bench/bench.py instructions --check --no-floor
 
 # A flame graph of kube-overcommit serving the 55 KB node review (perf with DWARF call graphs,
 # inferno from crates.io): bench/out/flamegraph-kube-overcommit-node-55k.svg.

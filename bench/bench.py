@@ -7,6 +7,9 @@
                   no timing assertions (suitable for `make test`)
   bench.py report re-render BENCHMARKS.md from bench/out/results.json
   bench.py binding only the placement cap's pods/binding check beside the floor (its rows, printed)
+  bench.py instructions      instructions per review under callgrind beside the floor's per request
+                             (--check: against bench/instructions-committed.json, the guard;
+                             --commit: write them as the committed figures)
   bench.py profile           perf record of one server under load: its hottest symbols
   bench.py profile-inprocess the API server's CPU profile (pprof) without and with the compiled
                              MutatingAdmissionPolicy, and the policy's, CEL's and JSON patch's shares
@@ -37,6 +40,7 @@ from pathlib import Path
 
 import apiserver_bench
 import equivalence
+import instructions
 import report
 from common import (BINDING_PAYLOAD, COMMITTED_PAYLOADS, HERE, KCP, OUT, PAYLOADS, RESULTS, ROOT, Server, log, make_servers,
                     payload_path, pinned, post, read_results, tls_context, wait_for, wait_ready, write_results)
@@ -602,6 +606,8 @@ def cmd_run(args) -> int:
         for s in servers:
             s.stop()
     add_binding(results, binding_check(bins, oha, tls, args.quick))
+    # The regression guard: instructions per review, beside the floor's per request.
+    results["instructions"] = instructions.measure(bins["floor"], tls)
     write_results(results)
     if not args.skip_apiserver:
         results["apiserver"] = apiserver_bench.run(bins, tls, nodes=args.nodes, quick=args.quick,
@@ -869,6 +875,30 @@ def cmd_profile_inprocess(args) -> int:
     return 0
 
 
+def cmd_instructions(args) -> int:
+    """Instruction counts alone (no load, no control plane); --check fails outside the guard."""
+    floor = None
+    tls = OUT / "tls"
+    if not args.no_floor:
+        floor = build()["floor"]
+        make_certs(tls)
+    measured = instructions.measure(floor, tls, args.payload or None)
+    if measured.get("skipped"):
+        print(f"instructions: NOT MEASURED: {measured['skipped']}")
+        return 0
+    print("\n".join(report.instructions_markdown(measured)))
+    if args.commit:
+        figures = {**instructions.committed(), **{p: r["review"] for p, r in measured["payloads"].items()}}
+        instructions.COMMITTED.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
+        print(f"instructions: committed figures written to {instructions.COMMITTED.relative_to(ROOT)}")
+    if args.check:
+        bad = instructions.check(measured, instructions.committed())
+        for line in bad:
+            print(f"instructions: OUTSIDE THE GUARD: {line}")
+        return 1 if bad else 0
+    return 0
+
+
 def cmd_report(_args) -> int:
     report.write(read_results(), ROOT / "BENCHMARKS.md")
     return 0
@@ -910,6 +940,11 @@ def main() -> int:
     pr.add_argument("--dwarf", action="store_true", help="DWARF call graphs (bigger, slower)")
     pr.add_argument("--flamegraph", action="store_true",
                     help="also write bench/out/flamegraph-SERVER-PAYLOAD.svg (DWARF call graphs; installs inferno)")
+    ins = sub.add_parser("instructions", help="instructions per review under callgrind (the regression guard)")
+    ins.add_argument("--check", action="store_true", help="fail when a review count is outside the guard")
+    ins.add_argument("--commit", action="store_true", help="write the measured counts as the committed figures")
+    ins.add_argument("--no-floor", action="store_true", help="leave out the floor's count (faster)")
+    ins.add_argument("--payload", action="append", help="only this payload (repeatable)")
     pi = sub.add_parser("profile-inprocess", help="the API server's CPU profile with the compiled policy (see the README)")
     pi.add_argument("--patches", type=int, default=3000, help="sequential status PATCHes per phase")
     pi.add_argument("--seconds", type=int, default=20, help="profile length per phase (the PATCHes outlast it)")
@@ -917,7 +952,7 @@ def main() -> int:
     args = ap.parse_args()
     return {"run": cmd_run, "smoke": cmd_smoke, "report": cmd_report, "profile": cmd_profile,
             "apiserver": cmd_apiserver, "binding": cmd_binding, "prebuild-go": cmd_prebuild_go,
-            "profile-inprocess": cmd_profile_inprocess}[args.cmd](args)
+            "profile-inprocess": cmd_profile_inprocess, "instructions": cmd_instructions}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,10 @@ COMMITTED_PAYLOADS = HERE / "payloads"  # small payloads are committed; node-200
 # apart from PAYLOADS, by a kube-overcommit with --request-cap whose node cache and pod index
 # hold the node and pod it names (bench.py binding_check), beside the floor.
 BINDING_PAYLOAD = "binding-cap"
+# The regression guard (bench/instructions.py): instructions per review within this fraction of
+# the committed figures.
+INSTRUCTIONS_COMMITTED = HERE / "instructions-committed.json"
+INSTRUCTIONS_GUARD = 0.05
 
 SERVER_CPU = os.environ.get("BENCH_SERVER_CPU", "1")
 # The machine is shared with builds: the servers and the load generator run at a raised priority

@@ -21,7 +21,8 @@ use kube_overcommit::metrics::Metrics;
 use kube_overcommit::placement::{self, CapOutcome};
 use kube_overcommit::sources::placement::WatchedPlacement;
 use kube_overcommit::sources::pod_cache::PodCache;
-use kube_overcommit::sources::pods::apply_event;
+use kube_overcommit::sources::pods::{apply_event, relist_event};
+use overcommit_core::pod_index::PodIndex;
 use overcommit_core::policy::{PolicySet, parse_policy_file};
 
 const POLICY: &str = r#"apiVersion: overcommit.dev/v1alpha1
@@ -72,6 +73,9 @@ fn main() -> anyhow::Result<()> {
                    "allocatable": {"cpu": "64", "pods": "110"}},
     }))?;
     source.apply_node(&node)?;
+    // The pod watch's first list (empty here), then its events: the cap decides only once the
+    // index has listed every pod.
+    relist_event(&pods, Some(&source), PodIndex::default());
     for i in 0..40 {
         apply_event(
             &pods,
