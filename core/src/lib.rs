@@ -23,6 +23,7 @@ pub mod policy;
 pub mod policy_report;
 pub mod quantity;
 pub mod requests;
+pub mod rollout;
 
 /// How much of a rule's decision to keep: the patch is always computed; the per-resource
 /// account (for `review --explain` and tests) only when asked for.

@@ -5,12 +5,14 @@
 use std::collections::BTreeMap;
 
 use crate::node::applied_summary;
-use crate::policy::status::{OvercommitPolicyStatus, PolicyCondition};
+use crate::policy::status::{OvercommitPolicyStatus, PolicyCondition, RolloutStatus};
 use crate::policy::{CompiledPolicy, DISABLED_LABEL, NodeChoice, OvercommitPolicy, PolicySet};
+use crate::rollout::{self, NodeRef};
 
-/// What the leader knows of one node: its labels and its applied annotation.
+/// What the leader knows of one node: its name, labels and applied annotation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeFacts {
+    pub name: String,
     pub labels: BTreeMap<String, String>,
     pub applied: Option<String>,
 }
@@ -51,10 +53,13 @@ pub fn desired_statuses(
             continue;
         };
         let generation = policy.metadata.generation;
+        let mut rollout = None;
         let (raw, counts) = match set.policies().find(|p| p.name == name) {
             Some(compiled) => {
                 let counts = counts.get(&name).copied().unwrap_or_default();
-                (conditions(compiled, counts, in_process), counts)
+                let mut raw = conditions(compiled, counts, in_process);
+                rollout = rollout_status(&set, compiled, policy, nodes, counts, now, &mut raw);
+                (raw, counts)
             }
             None => {
                 let reason = errors
@@ -80,10 +85,43 @@ pub fn desired_statuses(
                 nodes_opted_out: counts.opted_out,
                 nodes_usage_fallback: counts.usage_fallback,
                 conditions,
+                rollout,
             },
         );
     }
     out
+}
+
+/// With `spec.rollout`: the rollout's next status (`crate::rollout::advance`), and the
+/// Progressing condition it gives while nodes wait or move.
+fn rollout_status(
+    set: &PolicySet,
+    compiled: &CompiledPolicy,
+    policy: &OvercommitPolicy,
+    nodes: &[NodeFacts],
+    counts: Counts,
+    now: &str,
+    raw: &mut [Raw],
+) -> Option<RolloutStatus> {
+    let spec = set.rollout(&compiled.name)?;
+    let previous = policy.status.as_ref().and_then(|s| s.rollout.as_ref());
+    let Ok(now) = now.parse::<jiff::Timestamp>() else {
+        return previous.cloned();
+    };
+    let refs = nodes.iter().map(|n| NodeRef {
+        name: n.name.as_str(),
+        labels: &n.labels,
+        applied: n.applied.as_deref(),
+    });
+    let movers = rollout::movers(set, compiled, refs);
+    let governed = usize::try_from(counts.selected - counts.shadowed).unwrap_or(0);
+    let status = rollout::advance(spec, compiled.generation, previous, &movers, governed, now);
+    if let Some((on, reason, message)) = rollout::progressing(spec, &status, governed)
+        && let Some(c) = raw.iter_mut().find(|c| c.0 == "Progressing")
+    {
+        *c = ("Progressing", on, reason, message);
+    }
+    Some(status)
 }
 
 /// Count, for every policy with a node rule, what it does on these nodes.

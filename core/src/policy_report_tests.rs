@@ -23,6 +23,7 @@ fn node(labels: &[(&str, &str)], applied: Option<&str>) -> NodeFacts {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         applied: applied.map(str::to_string),
+        ..NodeFacts::default()
     }
 }
 

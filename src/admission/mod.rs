@@ -34,6 +34,7 @@ use overcommit_core::patch::{self, PatchOp};
 use overcommit_core::pod::{self, PodDecision};
 use overcommit_core::policy::NodeChoice;
 use overcommit_core::policy::PolicySet;
+use overcommit_core::rollout;
 use overcommit_json::borrowed;
 
 /// Where a node's usage comes from, for policies with `spec.usage`: the usage caches in
@@ -383,6 +384,13 @@ fn decide_node_review(
         conditions: old.status.as_ref().and_then(|s| s.conditions.as_deref()),
         ..NodeView::default()
     });
+    // Staged rollout: a node waiting for its step keeps what it carries.
+    let held = request
+        .name
+        .as_deref()
+        .and_then(|name| rollout::held(policies, name, &node, stored.as_ref()));
+    let held_choice = held.as_ref().map(|set| set.for_node(&node.labels));
+    let choice = held_choice.as_ref().unwrap_or(&choice);
     // Quiet heartbeats: status updates only (a registration has no stored node); the clock is
     // read only when they are on (the rule ignores a zero refresh).
     let quiet_on =
@@ -392,7 +400,7 @@ fn decide_node_review(
         refresh: settings.heartbeat_refresh,
     });
     // Looked up only when the node's policy follows usage: static policies pay one branch.
-    let usage = match (&settings.usage, &choice) {
+    let usage = match (&settings.usage, choice) {
         (Some(source), NodeChoice::Policy(policy)) => policy.usage.as_ref().and_then(|u| {
             let name = request.name.as_deref()?;
             source.node_usage(name, u.window)
@@ -402,7 +410,7 @@ fn decide_node_review(
     node::decide_node(NodeInput {
         node: &node,
         stored: stored.as_ref(),
-        choice: &choice,
+        choice,
         account,
         quiet,
         usage: usage.as_ref(),

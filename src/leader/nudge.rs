@@ -16,6 +16,8 @@
 //!   with no usage values (the fallback: nudged with the backoff below until usage is known):
 //!   its values come from usage the leader does not hold, and the webhook keeps them at each
 //!   kubelet write.
+//!   A node waiting for its step of a staged rollout (`overcommit_core::rollout`) is judged
+//!   on what it carries, as the webhook treats it: up to date until the leader admits it.
 //! - `Backlog`: the nodes out of date, each nudged at once, then again after 2 s, 4 s, 8 s ...
 //!   (at most every 5 min) while it stays out of date: the replica that answers the nudge, or the
 //!   compiled policy, may not have the change yet (a second or two), or (a ServiceAccount other than the one in the match conditions) a
@@ -30,6 +32,7 @@ use k8s_openapi::api::core::v1::Node;
 use overcommit_core::Account;
 use overcommit_core::node::{self, APPLIED_ANNOTATION, NodeView, RAW_ALLOCATABLE_ANNOTATION};
 use overcommit_core::policy::{NodeChoice, PolicySet};
+use overcommit_core::rollout;
 use overcommit_json::StrMap;
 
 /// First wait before a node still out of date is nudged again; doubled per nudge.
@@ -122,9 +125,12 @@ fn applied_policy(text: &str) -> Option<String> {
     first.strip_prefix("policy=").map(str::to_string)
 }
 
-/// Whether the node rule would change the node as stored under `policies`.
-pub fn need(node: &NodeFacts, policies: &PolicySet) -> Need {
+/// Whether the node rule would change node `name` as stored under `policies` (a node waiting
+/// for its step of a staged rollout is judged as the webhook judges it: on what it carries).
+pub fn need(name: &str, node: &NodeFacts, policies: &PolicySet) -> Need {
     let view = node.view();
+    let held = rollout::held(policies, name, &view, Some(&view));
+    let policies = held.as_ref().unwrap_or(policies);
     if let NodeChoice::Policy(policy) = policies.for_node(&view.labels)
         && policy.usage.is_some()
     {

@@ -127,7 +127,7 @@ impl State {
         let (Some(set), Some(facts)) = (self.judged_by.as_ref(), self.nodes.get(name)) else {
             return;
         };
-        if let Some(lag) = self.backlog.observe(name, need(facts, set), now) {
+        if let Some(lag) = self.backlog.observe(name, need(name, facts, set), now) {
             self.metrics.lag.observe(lag.as_secs_f64());
         }
     }

@@ -146,11 +146,13 @@ fn node_facts(node: PartialObjectMeta<Node>) -> (String, NodeFacts) {
     let applied = meta
         .annotations
         .and_then(|mut a| a.remove(APPLIED_ANNOTATION));
+    let name = meta.name.unwrap_or_default();
     let facts = NodeFacts {
+        name: name.clone(),
         labels: meta.labels.unwrap_or_default(),
         applied,
     };
-    (meta.name.unwrap_or_default(), facts)
+    (name, facts)
 }
 
 /// A policy as watched; the same while its resourceVersion is (any change of the object,
@@ -235,6 +237,8 @@ pub async fn run(
                     in_force: in_process.flag.load(Ordering::Relaxed),
                 };
                 changed |= in_process_seen.replace(state) != Some(state);
+                // A staged rollout's next step falls due with time alone.
+                changed |= policies.items.values().any(|p| p.0.spec.rollout.is_some());
                 // Wait for both lists: counts from half a list would be written as facts.
                 if !changed || !policies.complete() || !nodes.complete() {
                     continue;
@@ -273,10 +277,14 @@ async fn write(
     status: &OvercommitPolicyStatus,
     metrics: &StatusMetrics,
 ) -> bool {
-    let patch = serde_json::json!({
+    let mut patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version},
         "status": status,
     });
+    // A merge patch keeps what it does not name: a rollout no longer there is removed by null.
+    if status.rollout.is_none() {
+        patch["status"]["rollout"] = serde_json::Value::Null;
+    }
     match api
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -103,9 +103,11 @@ impl CrdState {
 }
 
 /// Whether two versions of an object give the same compiled policy: the same spec and
-/// generation (the generation is recorded in the nodes' applied annotation).
+/// generation (the generation is recorded in the nodes' applied annotation), and the same
+/// staged rollout progress (`status.rollout`: which nodes are admitted).
 fn same_rule(a: &OvercommitPolicy, b: &OvercommitPolicy) -> bool {
-    a.spec == b.spec && a.metadata.generation == b.metadata.generation
+    let rollout = |p: &OvercommitPolicy| p.status.as_ref().and_then(|s| s.rollout.clone());
+    a.spec == b.spec && a.metadata.generation == b.metadata.generation && rollout(a) == rollout(b)
 }
 
 fn validate(p: &OvercommitPolicy) -> Result<(), String> {

@@ -21,6 +21,7 @@
 //! so the webhook itself cannot check them). kube-system and the webhook's own namespace are
 //! excluded in code as well.
 
+mod rollout;
 mod schema;
 mod selector;
 pub mod status;
@@ -36,8 +37,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::quantity::{Quantity, Ratio};
+pub use rollout::{CompiledRollout, DEFAULT_STEP_INTERVAL, RolloutSpec, StepSize};
 pub use selector::{LabelLookup, NoLabels, Requirement, Selector};
-pub use status::{OvercommitPolicyStatus, PolicyCondition};
+pub use status::{OvercommitPolicyStatus, PolicyCondition, RolloutStatus};
 pub use usage::{CompiledUsage, Percent, UsageSpec, UsageTarget};
 
 /// Label that opts a node out of every policy.
@@ -113,6 +115,11 @@ pub struct OvercommitPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::cap_mode")]
     pub cap_mode: Option<CapMode>,
+    /// Staged rollout: a change of this policy reaches its nodes a few at a time
+    /// (maxNodesPerStep every stepInterval, none while paused); raising no ratio is not paced.
+    /// Not with usage. See docs/policy.md, "Staged rollout".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
 }
 
 /// What a binding over the request cap gets.
@@ -199,6 +206,8 @@ pub struct PolicySet {
     pod_defaults: Option<usize>,
     /// Whether any policy has `spec.usage` (else nobody needs to look usage up).
     usage: bool,
+    /// `spec.rollout` of the policies that have one, by name.
+    rollouts: Arc<BTreeMap<String, CompiledRollout>>,
 }
 
 impl PolicySet {
@@ -206,19 +215,19 @@ impl PolicySet {
     pub fn new(policies: Vec<OvercommitPolicy>) -> Result<Self, PolicyError> {
         let mut compiled = Vec::with_capacity(policies.len());
         for policy in &policies {
-            compiled.push(validate::compile(policy)?);
+            compiled.push(compile(policy)?);
         }
         Self::index(compiled)
     }
 
     /// Keep the valid policies and report the invalid ones (and duplicates after the first).
     pub fn from_valid(policies: Vec<OvercommitPolicy>) -> (Self, Vec<PolicyError>) {
-        let mut compiled: Vec<CompiledPolicy> = Vec::with_capacity(policies.len());
+        let mut compiled: Vec<Compiled> = Vec::with_capacity(policies.len());
         let mut errors = Vec::new();
         for policy in &policies {
-            match validate::compile(policy) {
-                Ok(c) if compiled.iter().any(|p| p.name == c.name) => {
-                    errors.push(duplicate(&c.name))
+            match compile(policy) {
+                Ok(c) if compiled.iter().any(|p| p.0.name == c.0.name) => {
+                    errors.push(duplicate(&c.0.name))
                 }
                 Ok(c) => compiled.push(c),
                 Err(e) => errors.push(e),
@@ -234,7 +243,15 @@ impl PolicySet {
         }
     }
 
-    fn index(mut compiled: Vec<CompiledPolicy>) -> Result<Self, PolicyError> {
+    fn index(both: Vec<Compiled>) -> Result<Self, PolicyError> {
+        let mut rollouts = BTreeMap::new();
+        let mut compiled = Vec::with_capacity(both.len());
+        for (policy, rollout) in both {
+            if let Some(rollout) = rollout {
+                rollouts.insert(policy.name.clone(), rollout);
+            }
+            compiled.push(policy);
+        }
         compiled.sort_by(|a, b| {
             b.priority
                 .cmp(&a.priority)
@@ -251,7 +268,19 @@ impl PolicySet {
             compiled: Arc::new(compiled),
             pod_defaults,
             usage,
+            rollouts: Arc::new(rollouts),
         })
+    }
+
+    /// The `spec.rollout` of policy `name` (None: it has none, or comes from a file: no status
+    /// records a rollout's progress there, so its changes are not paced).
+    pub fn rollout(&self, name: &str) -> Option<&CompiledRollout> {
+        self.rollouts.get(name)
+    }
+
+    /// Whether any policy has `spec.rollout`.
+    pub fn has_rollout(&self) -> bool {
+        !self.rollouts.is_empty()
     }
 
     pub fn len(&self) -> usize {
@@ -306,6 +335,25 @@ impl PolicySet {
         let policy = self.compiled.get(self.pod_defaults?)?;
         Some((policy.name.as_str(), policy.pod_defaults.as_ref()?))
     }
+}
+
+/// A policy validated, with its rollout.
+type Compiled = (CompiledPolicy, Option<CompiledRollout>);
+
+fn compile(policy: &OvercommitPolicy) -> Result<Compiled, PolicyError> {
+    let compiled = validate::compile(policy)?;
+    let rollout = rollout::compile(
+        policy.spec.rollout.as_ref(),
+        compiled.usage.is_some(),
+        policy.status.as_ref().and_then(|s| s.rollout.as_ref()),
+    )
+    .map_err(|reason| PolicyError::Invalid {
+        name: compiled.name.clone(),
+        reason,
+    })?;
+    // A policy without a generation (from a file) has no status to keep progress in.
+    let rollout = rollout.filter(|_| compiled.generation.is_some());
+    Ok((compiled, rollout))
 }
 
 fn duplicate(name: &str) -> PolicyError {
@@ -408,7 +456,15 @@ fn unknown_field(document: &serde_yaml::Value) -> Option<String> {
                 "usage",
                 "requestCap",
                 "capMode",
+                "rollout",
             ],
+        )
+    })
+    .or_else(|| {
+        check(
+            spec.and_then(|s| s.get("rollout")),
+            "spec.rollout",
+            &["maxNodesPerStep", "stepInterval", "paused"],
         )
     })
     .or_else(|| {

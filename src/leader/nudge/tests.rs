@@ -194,7 +194,7 @@ fn need_table() {
         ),
     ];
     for (case, node, policies, want) in cases {
-        assert_eq!(need(&facts(&node), &policies), want, "{case}");
+        assert_eq!(need("n1", &facts(&node), &policies), want, "{case}");
     }
 }
 
@@ -248,7 +248,10 @@ fn one_nudge_brings_every_out_of_date_node_to_its_policy_and_a_second_changes_no
         ),
     ];
     for (case, stored, policies, cpu) in cases {
-        assert!(need(&facts(&stored), &policies).is_out_of_date(), "{case}");
+        assert!(
+            need("n1", &facts(&stored), &policies).is_out_of_date(),
+            "{case}"
+        );
         let once = nudge(&stored, &policies);
         assert_eq!(once["status"]["allocatable"]["cpu"], cpu, "{case}");
         assert_eq!(
@@ -256,7 +259,7 @@ fn one_nudge_brings_every_out_of_date_node_to_its_policy_and_a_second_changes_no
             "{case}"
         );
         assert_eq!(
-            need(&facts(&once), &policies),
+            need("n1", &facts(&once), &policies),
             Need::UpToDate,
             "{case}: after the nudge"
         );

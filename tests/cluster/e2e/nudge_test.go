@@ -106,16 +106,12 @@ func waitInForce(in *install.Installation) error {
 	})
 }
 
-func nudgeQuietNodes(t *testing.T, args, manifests []string, hollow bool) {
-	inProcess := len(manifests) > 0
-	c := harness.Start(t, harness.Options{})
-	ctx := harness.Context(t, 8*time.Minute)
-	cs := c.Client
-	dyn, err := dynamic.NewForConfig(c.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ocNamespace(t, ctx, cs, install.DefaultNamespace, nil)
+// installAsServiceAccount installs 2 replicas (ocServeArgs and args) acting as the
+// ServiceAccount under the manifests' own RBAC and both guards (and manifests), and waits until
+// they are bootstrapped; their logs are shown when the test failed.
+func installAsServiceAccount(t *testing.T, ctx context.Context, c *harness.Cluster, args []string, manifests ...string) *install.Installation {
+	t.Helper()
+	ocNamespace(t, ctx, c.Client, install.DefaultNamespace, nil)
 	applyManifests(t, c, "deploy/base/rbac.yaml",
 		"deploy/components/webhook-guard/validatingadmissionpolicy.yaml",
 		"deploy/components/webhook-guard/node-guard.yaml")
@@ -143,22 +139,43 @@ func nudgeQuietNodes(t *testing.T, args, manifests []string, hollow bool) {
 	if err := in.WaitBootstrapped(ctx, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	return in
+}
+
+// startQuietHollow starts count hollow kubelets of ocNodeCPU cpu labelled label, with the
+// kubelet's default rhythm (status computed every 10 s, written when it changed or every
+// 5 min), waits until they are Ready and returns their names.
+func startQuietHollow(t *testing.T, ctx context.Context, c *harness.Cluster, prefix string, count int, label string) []string {
+	t.Helper()
+	h, err := c.StartHollowNodes(harness.HollowNodesOptions{Prefix: prefix, Count: count, Args: []string{
+		fmt.Sprintf("--cpu=%d", ocNodeCPU), "--memory=8Gi", "--labels=" + label,
+		"--status-update-frequency=10s", "--status-report-frequency=5m",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Stop() })
+	if err := h.WaitReady(ctx, 4*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return h.Names
+}
+
+func nudgeQuietNodes(t *testing.T, args, manifests []string, hollow bool) {
+	inProcess := len(manifests) > 0
+	c := harness.Start(t, harness.Options{})
+	ctx := harness.Context(t, 8*time.Minute)
+	cs := c.Client
+	dyn, err := dynamic.NewForConfig(c.RestConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := installAsServiceAccount(t, ctx, c, args, manifests...)
 
 	var nodes *harness.FakeNodes
 	var names []string
 	if hollow {
-		h, err := c.StartHollowNodes(harness.HollowNodesOptions{Prefix: "quiet", Count: 3, Args: []string{
-			fmt.Sprintf("--cpu=%d", ocNodeCPU), "--memory=8Gi", "--labels=nudge=pool",
-			"--status-update-frequency=10s", "--status-report-frequency=5m",
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = h.Stop() })
-		if err := h.WaitReady(ctx, 3*time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		names = h.Names
+		names = startQuietHollow(t, ctx, c, "quiet", 3, "nudge=pool")
 	} else {
 		nodes, err = c.StartFakeNodes(harness.FakeNodesOptions{Prefix: "quiet", Count: 3, Args: []string{
 			fmt.Sprintf("--cpu=%d", ocNodeCPU), "--labels=nudge=pool",

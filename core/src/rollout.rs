@@ -1,0 +1,217 @@
+//! Staged rollout (`spec.rollout`, docs/policy.md "Staged rollout"), pure: which nodes wait,
+//! the policies the node rule runs under for a waiting node, and the leader's next step. Above
+//! `policy` and `node`, which it reads.
+//!
+//! A node *waits* when the policy that wins it has `spec.rollout`, its applied annotation does
+//! not name that policy at its current generation, moving it would raise a ratio (the safe
+//! direction, every ratio the same or lower, is not paced: nor are deletions and opt-outs, which
+//! leave no policy to pace), and `status.rollout.admitted` does not name it. A waiting node keeps
+//! what it carries: the node rule runs under the policy and ratios its annotation records (none:
+//! raw). The leader admits the waiting nodes a step at a time, by name, and publishes its
+//! progress in `status.rollout`: all the state there is, so a new leader continues from it.
+
+use crate::node::{
+    APPLIED_ANNOTATION, AppliedSummary, NodeView, applied_summary, carries_overcommit_annotations,
+};
+use crate::policy::{
+    CompiledPolicy, CompiledRollout, LabelLookup, NodeChoice, OvercommitPolicy,
+    OvercommitPolicySpec, PolicySet, RolloutStatus,
+};
+use crate::quantity::Ratio;
+
+/// Whether a node carrying `applied` carries `policy`'s current generation.
+fn carries(policy: &CompiledPolicy, applied: Option<&AppliedSummary>) -> bool {
+    applied.is_some_and(|a| a.policy == policy.name && a.generation == policy.generation)
+}
+
+/// Whether moving a node that carries `applied` (None: nothing, its raw values) to `policy`
+/// raises any ratio. A resource the annotation does not list, or lists unreadably, counts as 1.
+pub fn raises(policy: &CompiledPolicy, applied: Option<&AppliedSummary>) -> bool {
+    let carried = |resource: &str| {
+        applied
+            .and_then(|a| a.ratios.get(resource))
+            .and_then(|text| Ratio::parse(text).ok())
+    };
+    policy.ratios.iter().any(|(resource, (_, ratio))| {
+        carried(resource).map_or(!ratio.is_one(), |carried| *ratio > carried)
+    })
+}
+
+/// Whether the node waits: see the module's comment.
+pub fn waits(
+    policy: &CompiledPolicy,
+    rollout: &CompiledRollout,
+    node: &str,
+    applied: Option<&AppliedSummary>,
+) -> bool {
+    !rollout.admitted.contains(node) && moves(policy, applied)
+}
+
+/// Whether the rollout has to move the node: it does not carry the policy's generation and
+/// taking it raises a ratio.
+fn moves(policy: &CompiledPolicy, applied: Option<&AppliedSummary>) -> bool {
+    !carries(policy, applied) && raises(policy, applied)
+}
+
+/// The hook of the review path: the policies the node rule should run under for node `name`
+/// (None: `set` itself). `node` and `stored` as `node::decide` takes them; the annotation read
+/// is the one the rule reads.
+pub fn held(
+    set: &PolicySet,
+    name: &str,
+    node: &NodeView<'_>,
+    stored: Option<&NodeView<'_>>,
+) -> Option<PolicySet> {
+    if !set.has_rollout() {
+        return None;
+    }
+    let NodeChoice::Policy(policy) = set.for_node(&node.labels) else {
+        return None;
+    };
+    let rollout = set.rollout(&policy.name)?;
+    let annotations = if carries_overcommit_annotations(node.annotations) {
+        node.annotations
+    } else {
+        stored.and_then(|s| s.annotations)
+    };
+    let applied = annotations
+        .and_then(|a| a.get(APPLIED_ANNOTATION))
+        .and_then(|text| applied_summary(text).ok());
+    waits(policy, rollout, name, applied.as_ref()).then(|| carried(applied.as_ref()))
+}
+
+/// The policies that keep a node on what its annotation records: that policy's name,
+/// generation and ratios (none: raw). Should they not compile, raw, which is never a raise.
+pub fn carried(applied: Option<&AppliedSummary>) -> PolicySet {
+    let Some(applied) = applied else {
+        return PolicySet::default();
+    };
+    let spec = OvercommitPolicySpec {
+        node_ratios: applied.ratios.clone(),
+        ..OvercommitPolicySpec::default()
+    };
+    let mut policy = OvercommitPolicy::new(&applied.policy, spec);
+    policy.metadata.generation = applied.generation;
+    PolicySet::new(vec![policy]).unwrap_or_default()
+}
+
+/// A node as the leader sees it: name, labels, applied annotation.
+pub struct NodeRef<'n, L> {
+    pub name: &'n str,
+    pub labels: &'n L,
+    pub applied: Option<&'n str>,
+}
+
+/// The nodes `policy` wins that the rollout has to move, admitted or not (sorted by name).
+pub fn movers<'n, L: LabelLookup + 'n>(
+    set: &PolicySet,
+    policy: &CompiledPolicy,
+    nodes: impl Iterator<Item = NodeRef<'n, L>>,
+) -> Vec<&'n str> {
+    let mut out: Vec<&str> = nodes
+        .filter(
+            |n| matches!(set.for_node(n.labels), NodeChoice::Policy(p) if p.name == policy.name),
+        )
+        .filter(|n| {
+            let applied = n.applied.and_then(|t| applied_summary(t).ok());
+            moves(policy, applied.as_ref())
+        })
+        .map(|n| n.name)
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// The rollout's next status. `movers`: the nodes still to move (sorted); `governed`: the nodes
+/// the policy wins (the base of a percentage); `previous`: the status the policy carries. A
+/// step is due when nodes wait, the rollout is not paused and `interval` has passed since the
+/// last step; it admits the first waiting nodes by name, so many that at most a step's worth are
+/// admitted and not yet moved (a node that never takes its step holds one place, not all).
+pub fn advance(
+    rollout: &CompiledRollout,
+    generation: Option<i64>,
+    previous: Option<&RolloutStatus>,
+    movers: &[&str],
+    governed: usize,
+    now: jiff::Timestamp,
+) -> RolloutStatus {
+    let previous = previous.cloned().unwrap_or_default();
+    let mut admitted: Vec<String> = previous
+        .admitted
+        .iter()
+        .filter(|n| movers.binary_search(&n.as_str()).is_ok())
+        .cloned()
+        .collect();
+    let waiting: Vec<&str> = movers
+        .iter()
+        .copied()
+        .filter(|n| !admitted.iter().any(|a| a == n))
+        .collect();
+    let settled = previous.nodes_waiting == 0 && previous.admitted.is_empty();
+    let mut step = if settled && previous.generation != generation {
+        0
+    } else {
+        previous.step
+    };
+    let last = previous
+        .last_step_time
+        .as_deref()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let due = last.is_none_or(|last| {
+        jiff::SignedDuration::try_from(rollout.interval)
+            .ok()
+            .and_then(|interval| last.checked_add(interval).ok())
+            .is_none_or(|at| now >= at)
+    });
+    let room = rollout.step.nodes(governed).saturating_sub(admitted.len());
+    let mut last_step_time = previous.last_step_time;
+    let mut nodes_waiting = waiting.len();
+    if !rollout.paused && due && room > 0 && !waiting.is_empty() {
+        let take = room.min(waiting.len());
+        admitted.extend(waiting[..take].iter().map(|n| n.to_string()));
+        admitted.sort_unstable();
+        nodes_waiting -= take;
+        step += 1;
+        last_step_time = Some(now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+    }
+    RolloutStatus {
+        generation,
+        step,
+        last_step_time,
+        paused: rollout.paused,
+        nodes_waiting: i64::try_from(nodes_waiting).unwrap_or(i64::MAX),
+        admitted,
+    }
+}
+
+/// The Progressing condition's status, reason and message while a rollout is under way (None:
+/// nothing waits and nothing admitted is still moving).
+pub fn progressing(
+    rollout: &CompiledRollout,
+    status: &RolloutStatus,
+    governed: usize,
+) -> Option<(bool, &'static str, String)> {
+    if status.nodes_waiting == 0 && status.admitted.is_empty() {
+        return None;
+    }
+    let pace = format!(
+        "{} nodes per step every {}s",
+        rollout.step.nodes(governed),
+        rollout.interval.as_secs()
+    );
+    let what = format!(
+        "step {}: {} nodes admitted and moving, {} waiting ({pace})",
+        status.step,
+        status.admitted.len(),
+        status.nodes_waiting
+    );
+    Some(if rollout.paused {
+        (true, "RolloutPaused", format!("paused at {what}"))
+    } else {
+        (true, "RollingOut", what)
+    })
+}
+
+#[cfg(test)]
+#[path = "rollout_tests.rs"]
+mod tests;
