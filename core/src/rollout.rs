@@ -47,6 +47,32 @@ pub fn waits(
     !rollout.admitted.contains(node) && moves(policy, applied)
 }
 
+/// Where a node stands in its policy's rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Held on what it carries until a step admits it.
+    Waiting,
+    /// Admitted by a step, not yet carrying the generation (its next status write, or nudge).
+    Admitted,
+}
+
+/// Where the node stands (None: the rollout has nothing to move on it).
+pub fn standing(
+    policy: &CompiledPolicy,
+    rollout: &CompiledRollout,
+    node: &str,
+    applied: Option<&AppliedSummary>,
+) -> Option<Standing> {
+    if !moves(policy, applied) {
+        return None;
+    }
+    Some(if rollout.admitted.contains(node) {
+        Standing::Admitted
+    } else {
+        Standing::Waiting
+    })
+}
+
 /// Whether the rollout has to move the node: it does not carry the policy's generation and
 /// taking it raises a ratio.
 fn moves(policy: &CompiledPolicy, applied: Option<&AppliedSummary>) -> bool {

@@ -348,3 +348,26 @@ fn movers_are_the_policys_nodes_that_raise() {
     });
     assert_eq!(movers(&set, policy, refs), ["a", "c"]);
 }
+
+/// Where a node stands, for `kubectl overcommit status`.
+#[test]
+fn standings() {
+    let set = set(&["a"]);
+    let policy = set.policies().next().unwrap();
+    let rollout = set.rollout("batch").unwrap();
+    let old = summary("policy=batch;ratios=cpu=1.5;generation=2");
+    let now = summary("policy=batch;ratios=cpu=2,memory=1.5;generation=3");
+    assert_eq!(
+        standing(policy, rollout, "a", Some(&old)),
+        Some(Standing::Admitted)
+    );
+    assert_eq!(
+        standing(policy, rollout, "b", Some(&old)),
+        Some(Standing::Waiting)
+    );
+    assert_eq!(
+        standing(policy, rollout, "b", None),
+        Some(Standing::Waiting)
+    );
+    assert_eq!(standing(policy, rollout, "b", Some(&now)), None);
+}

@@ -14,6 +14,7 @@ use overcommit_core::node::{
 };
 use overcommit_core::policy::{NodeChoice, PolicySet};
 use overcommit_core::quantity::Quantity;
+use overcommit_core::rollout::{self, Standing};
 use serde::Serialize;
 
 use crate::mode::{ClusterPath, node_path};
@@ -51,6 +52,10 @@ pub struct Row {
     pub generation: Option<i64>,
     /// The current generation of the node's policy (None: no policy, or one from a file).
     pub policy_generation: Option<i64>,
+    /// Staged rollout: `waiting` (held on what it carries until a step admits it) or
+    /// `admitted` (admitted, not yet carrying the generation); None: nothing to move.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<&'static str>,
     pub resources: BTreeMap<String, Cell>,
     /// Why a value could not be read (an unparsable quantity or annotation).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -89,12 +94,22 @@ pub fn rows(nodes: &[NodeFacts], policies: &PolicySet, cluster: &ClusterPath) ->
 fn row(node: &NodeFacts, policies: &PolicySet, cluster: &ClusterPath) -> Row {
     let choice = policies.for_node(&node.labels);
     let path = node_path(&choice, cluster).short();
-    let (policy, cap, policy_generation) = match choice {
+    let (policy, cap, policy_generation) = match &choice {
         NodeChoice::Policy(p) => (p.name.clone(), p.cap.as_ref(), p.generation),
         NodeChoice::NoPolicy => ("-".to_string(), None, None),
         NodeChoice::OptedOut => ("opted-out".to_string(), None, None),
     };
     let (applied, raw_record, mut problems) = read_annotations(node);
+    let rollout = match &choice {
+        NodeChoice::Policy(p) => policies
+            .rollout(&p.name)
+            .and_then(|r| rollout::standing(p, r, &node.name, applied.as_ref()))
+            .map(|s| match s {
+                Standing::Waiting => "waiting",
+                Standing::Admitted => "admitted",
+            }),
+        _ => None,
+    };
     let mut units = |what: &str, text: Option<&String>, resource: &str| {
         let text = text?;
         match Quantity::parse(text).and_then(|q| q.to_units_ceil(scale(resource))) {
@@ -147,6 +162,7 @@ fn row(node: &NodeFacts, policies: &PolicySet, cluster: &ClusterPath) -> Row {
         path,
         generation: applied.as_ref().and_then(|a| a.generation),
         policy_generation,
+        rollout,
         resources,
         problems,
     }
@@ -194,14 +210,19 @@ fn ratio(allocatable: Option<u128>, raw: Option<u128>) -> Option<f64> {
 }
 
 /// The generation column: the node's, and the policy's where they differ (`2/3`: the node
-/// carries generation 2 of a policy now at 3; `?`: written without one).
+/// carries generation 2 of a policy now at 3; `?`: written without one), then `waiting` or
+/// `admitted` during a staged rollout.
 fn generation_cell(row: &Row) -> String {
-    match (row.generation, row.policy_generation) {
+    let cell = match (row.generation, row.policy_generation) {
         (Some(node), Some(policy)) if node == policy => node.to_string(),
         (Some(node), Some(policy)) => format!("{node}/{policy}"),
         (None, Some(policy)) => format!("?/{policy}"),
         (Some(node), None) => node.to_string(),
         (None, None) => "-".to_string(),
+    };
+    match row.rollout {
+        Some(standing) => format!("{cell} {standing}"),
+        None => cell,
     }
 }
 
@@ -611,5 +632,44 @@ spec:
         assert_eq!(json[0]["resources"]["cpu"]["requestedPercentOfRaw"], 25.0);
         assert_eq!(json[0]["resources"]["memory"]["raw"], 1u64 << 30);
         assert!(json[0].get("problems").is_none());
+    }
+
+    /// During a staged rollout the generation column says which nodes wait for a step and which
+    /// a step admitted.
+    #[test]
+    fn rows_show_the_nodes_a_rollout_holds() {
+        let yaml = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: batch}
+spec:
+  nodeRatios: {cpu: "2"}
+  rollout: {maxNodesPerStep: 1}
+status:
+  rollout: {admitted: [n2]}
+"#;
+        let mut listed = parse_policy_file(yaml).expect("policies");
+        listed[0].metadata.generation = Some(3);
+        let set = PolicySet::new(listed).expect("valid");
+        let node = |name: &str, applied: &str| NodeFacts {
+            name: name.into(),
+            annotations: map(&[
+                (RAW_ALLOCATABLE_ANNOTATION, "cpu=4"),
+                (APPLIED_ANNOTATION, applied),
+            ]),
+            allocatable: map(&[("cpu", "6")]),
+            ..NodeFacts::default()
+        };
+        let old = "policy=batch;ratios=cpu=1.5;generation=2";
+        let nodes = [
+            node("n1", "policy=batch;ratios=cpu=2;generation=3"),
+            node("n2", old),
+            node("n3", old),
+        ];
+        let cells: Vec<String> = rows(&nodes, &set, &ClusterPath::Webhook)
+            .iter()
+            .map(generation_cell)
+            .collect();
+        assert_eq!(cells, ["3", "2/3 admitted", "2/3 waiting"]);
     }
 }
