@@ -13,10 +13,12 @@ package e2e
 // is SIGKILLed after the second step: the next leader continues from the status (no step lost:
 // the step number goes on from where it was; none doubled: the pace holds across the kill).
 // `paused: true` holds it (once the admitted nodes moved, no node moves for 25 s), unpausing
-// resumes it to all ten. A lowered ratio (1.5) then reaches every node within 30 s, unpaced.
+// resumes it to all ten. While paused, the scheduler binds 9-cpu pods only to moved nodes
+// (one each), the next one stays Unschedulable. A lowered ratio (1.5) then reaches every node within 30 s, unpaced.
 // The timeline is logged.
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -27,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"kube-overcommit/tests/cluster/harness"
 	"kube-overcommit/tests/cluster/internal/annotations"
@@ -210,6 +213,7 @@ func TestRolloutStepsHollowNodes(t *testing.T) {
 		return time.Now().After(holdUntil)
 	})
 	t.Logf("paused: %d nodes at cpu 12 for 25 s (step %d, %d waiting)", pausedAt, held.step, held.waiting)
+	checkScheduler(t, ctx, cs, held, pausedAt)
 
 	// 5. Unpaused: it resumes, to every node.
 	edit(func(spec map[string]any) {
@@ -266,4 +270,50 @@ func checkPace(t *testing.T, samples []rolloutSample, edited time.Time) {
 		}
 	}
 	t.Logf("timeline from the edit (stored allocatable and applied generation, status.rollout):\n%s", strings.Join(lines, "\n"))
+}
+
+// checkScheduler: while the rollout is paused with `moved` nodes at cpu 12 and the others at 8,
+// moved+1 pods of 9 cpu for the pool: the scheduler binds one to each moved node and leaves the
+// last Unschedulable (a waiting node's 8 cpu is too small): the new room is used only on moved
+// nodes.
+func checkScheduler(t *testing.T, ctx context.Context, cs kubernetes.Interface, s rolloutSample, moved int) {
+	t.Helper()
+	ns := "rollout-pods"
+	ocNamespace(t, ctx, cs, ns, nil)
+	for i := 0; i <= moved; i++ {
+		pod := hollowPod(ns, fmt.Sprintf("big-%d", i), "", "9")
+		pod.Spec.NodeSelector = map[string]string{"rollout": "pool"}
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := harness.Eventually(60*time.Second, 500*time.Millisecond, func() error {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		bound, unschedulable := map[string]bool{}, 0
+		for _, p := range pods.Items {
+			if p.Spec.NodeName != "" {
+				if s.cpu[p.Spec.NodeName] != "12" {
+					t.Fatalf("pod %s bound to %s, a node at cpu %s", p.Name, p.Spec.NodeName, s.cpu[p.Spec.NodeName])
+				}
+				bound[p.Spec.NodeName] = true
+				continue
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+					unschedulable++
+				}
+			}
+		}
+		if len(bound) != moved || unschedulable != 1 {
+			return fmt.Errorf("%d moved nodes took a 9-cpu pod (want %d), %d pods Unschedulable (want 1)", len(bound), moved, unschedulable)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("scheduler: %d pods of 9 cpu bound, one to each moved node; the last Unschedulable (waiting nodes show 8)", moved)
 }
