@@ -32,6 +32,7 @@ fn at(applied: Option<&str>) -> Standing {
         &NodeFacts {
             labels: BTreeMap::new(),
             applied: applied.map(str::to_string),
+            ..NodeFacts::default()
         },
         &set(),
     )

@@ -210,6 +210,34 @@ pub fn advance(
     }
 }
 
+/// The text of the Event for a step the leader just took (None: `next` took no step over
+/// `previous`; `advance` stamps `lastStepTime` exactly when it takes one): which nodes it
+/// admitted, to which generation, how many still wait.
+pub fn step_note(previous: Option<&RolloutStatus>, next: Option<&RolloutStatus>) -> Option<String> {
+    let next = next?;
+    let before = previous.and_then(|p| p.last_step_time.as_ref());
+    if next.last_step_time.is_none() || next.last_step_time.as_ref() == before {
+        return None;
+    }
+    let admitted_before = previous.map_or(&[][..], |p| p.admitted.as_slice());
+    let new: Vec<&str> = next
+        .admitted
+        .iter()
+        .filter(|n| !admitted_before.contains(n))
+        .map(String::as_str)
+        .collect();
+    let generation = next.generation.map_or_else(
+        || "the current spec".to_string(),
+        |g| format!("generation {g}"),
+    );
+    Some(format!(
+        "step {}: admitted {} to {generation}; {} nodes wait",
+        next.step,
+        new.join(", "),
+        next.nodes_waiting
+    ))
+}
+
 /// The Progressing condition's status, reason and message while a rollout is under way (None:
 /// nothing waits and nothing admitted is still moving).
 pub fn progressing(

@@ -371,3 +371,20 @@ fn standings() {
     );
     assert_eq!(standing(policy, rollout, "b", Some(&now)), None);
 }
+
+/// The Event text of a step: only when a step was taken, naming the newly admitted nodes.
+#[test]
+fn step_notes() {
+    let before = status(1, 0, 8, &["n0"]);
+    let after = status(2, 10, 6, &["n0", "n2", "n3"]);
+    assert_eq!(
+        step_note(Some(&before), Some(&after)).as_deref(),
+        Some("step 2: admitted n2, n3 to generation 3; 6 nodes wait")
+    );
+    assert_eq!(step_note(Some(&after), Some(&after)), None);
+    assert_eq!(step_note(Some(&after), None), None);
+    assert_eq!(
+        step_note(None, Some(&status(1, 0, 8, &["n0", "n1"]))).as_deref(),
+        Some("step 1: admitted n0, n1 to generation 3; 8 nodes wait")
+    );
+}

@@ -25,6 +25,7 @@ use overcommit_core::node::APPLIED_ANNOTATION;
 use overcommit_core::policy::status::OvercommitPolicyStatus;
 use overcommit_core::policy::{OvercommitPolicy, PolicySet};
 use overcommit_core::policy_report::{InProcessState, NodeFacts, desired_statuses};
+use overcommit_core::rollout;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -34,7 +35,7 @@ use tokio::time::Instant;
 use super::election::Claim;
 use super::in_process::InProcessContext;
 use super::node_events::NodeEvents;
-use crate::events::{Recorder, policy_ref};
+use crate::events::{Note, Recorder, policy_ref};
 use crate::mode::Path;
 
 /// How often a changed state is recomputed.
@@ -216,6 +217,7 @@ pub async fn run(
     let mut last_write: HashMap<String, Instant> = HashMap::new();
     let mut changed = false;
     let mut in_process_seen = None;
+    let steps = recorder.clone();
     let mut told = NodeEvents::new(recorder);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -260,11 +262,29 @@ pub async fn run(
                     }
                     // A failed write is tried again (after MIN_WRITE_INTERVAL); a conflict too,
                     // though the newer object on its way through the watch usually comes first.
-                    changed |= !write(&policies_api, name, rv, status, &metrics).await;
+                    let written = write(&policies_api, name, rv, status, &metrics).await;
+                    if written && let Some(p) = policies.items.get(name) {
+                        tell_step(&steps, &p.0, status);
+                    }
+                    changed |= !written;
                 }
                 last_write.retain(|name, _| policies.items.contains_key(name));
             }
         }
+    }
+}
+
+/// One Event on the policy for a staged rollout's step just written (`rollout::step_note`).
+fn tell_step(recorder: &Recorder, policy: &OvercommitPolicy, written: &OvercommitPolicyStatus) {
+    let previous = policy.status.as_ref().and_then(|s| s.rollout.as_ref());
+    if let Some(note) = rollout::step_note(previous, written.rollout.as_ref()) {
+        recorder.emit(Note {
+            regarding: policy_ref(policy),
+            warning: false,
+            reason: "RolloutStep",
+            action: "Admit",
+            note,
+        });
     }
 }
 

@@ -223,6 +223,7 @@ func TestRolloutStepsHollowNodes(t *testing.T) {
 	until("all ten moved", 120*time.Second, moved(rolloutNodes))
 	allAt("12", 10*time.Second)
 	checkPace(t, samples, edited)
+	checkStepEvents(t, ctx, cs)
 
 	// 6. A lowered ratio is not paced.
 	edit(func(spec map[string]any) { spec["nodeRatios"] = map[string]any{"cpu": "1.5"} })
@@ -316,4 +317,31 @@ func checkScheduler(t *testing.T, ctx context.Context, cs kubernetes.Interface, 
 		t.Fatal(err)
 	}
 	t.Logf("scheduler: %d pods of 9 cpu bound, one to each moved node; the last Unschedulable (waiting nodes show 8)", moved)
+}
+
+// checkStepEvents: one Event per step on the policy (reason RolloutStep, events.k8s.io/v1 in
+// default, where cluster-scoped objects' Events go), each naming the nodes it admitted.
+func checkStepEvents(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
+	t.Helper()
+	err := harness.Eventually(30*time.Second, 500*time.Millisecond, func() error {
+		list, err := cs.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		var notes []string
+		for _, e := range list.Items {
+			if e.Regarding.Name == rolloutPolicy && e.Reason == "RolloutStep" {
+				notes = append(notes, e.Note)
+			}
+		}
+		sort.Strings(notes)
+		if len(notes) < 5 {
+			return fmt.Errorf("%d RolloutStep Events (want one per step, 5): %v", len(notes), notes)
+		}
+		t.Logf("RolloutStep Events on the policy:\n  %s", strings.Join(notes, "\n  "))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
