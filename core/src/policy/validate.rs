@@ -9,7 +9,7 @@ use super::selector::{Requirement, Selector};
 use super::usage::CompiledUsage;
 use super::{
     CAP_PERCENT_RANGE, CAP_RESOURCES, CompiledCap, CompiledPodDefaults, CompiledPolicy,
-    OvercommitPolicy, POD_DEFAULT_RESOURCES, PRIORITY_RANGE, PolicyError,
+    OvercommitPolicy, POD_DEFAULT_RESOURCES, PRIORITY_RANGE, PodDefaults, PolicyError,
 };
 use crate::quantity::{Quantity, Ratio};
 
@@ -51,57 +51,10 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         Some(selector) => compile_selector(selector).map_err(invalid)?,
         None => Selector::default(),
     };
-    if spec.node_ratios.len() > MAX_NODE_RATIOS {
-        return Err(invalid(format!(
-            "spec.nodeRatios lists more than {MAX_NODE_RATIOS} resources"
-        )));
-    }
-    let mut ratios = BTreeMap::new();
-    for (resource, text) in &spec.node_ratios {
-        check_node_resource(resource).map_err(|r| invalid(format!("spec.nodeRatios: {r}")))?;
-        let ratio =
-            Ratio::parse(text).map_err(|e| invalid(format!("spec.nodeRatios[{resource}]: {e}")))?;
-        ratios.insert(resource.clone(), (text.clone(), ratio));
-    }
+    let ratios = compile_ratios(&spec.node_ratios).map_err(&invalid)?;
     let pod_defaults = match &spec.pod_defaults {
+        Some(defaults) => Some(compile_pod_defaults(defaults).map_err(&invalid)?),
         None => None,
-        Some(defaults) => {
-            let mut requests = BTreeMap::new();
-            for (resource, text) in &defaults.requests {
-                check_pod_resource(resource)
-                    .map_err(|r| invalid(format!("spec.podDefaults.requests: {r}")))?;
-                let quantity = Quantity::parse(text)
-                    .map_err(|e| invalid(format!("spec.podDefaults.requests[{resource}]: {e}")))?;
-                if quantity.is_zero() {
-                    return Err(invalid(format!(
-                        "spec.podDefaults.requests[{resource}] must be greater than zero"
-                    )));
-                }
-                let scale = if resource == "cpu" { 3 } else { 0 };
-                if !quantity
-                    .to_units_floor(scale)
-                    .is_ok_and(|units| units <= crate::quantity::MAX_UNITS)
-                {
-                    return Err(invalid(format!(
-                        "spec.podDefaults.requests[{resource}] {text} is out of range"
-                    )));
-                }
-                requests.insert(resource.clone(), quantity);
-            }
-            for (resource, percent) in &defaults.request_to_limit_percent {
-                check_pod_resource(resource)
-                    .map_err(|r| invalid(format!("spec.podDefaults.requestToLimitPercent: {r}")))?;
-                if !(1..=100).contains(percent) {
-                    return Err(invalid(format!(
-                        "spec.podDefaults.requestToLimitPercent[{resource}] is {percent}, must be 1 to 100"
-                    )));
-                }
-            }
-            Some(CompiledPodDefaults {
-                requests,
-                request_to_limit_percent: defaults.request_to_limit_percent.clone(),
-            })
-        }
     };
     let usage = match &spec.usage {
         Some(usage) => Some(super::usage::compile(usage, &ratios).map_err(invalid)?),
@@ -118,6 +71,62 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         cap,
         generation: policy.metadata.generation,
         applied_listed: Default::default(),
+    })
+}
+
+/// `spec.nodeRatios`: resource -> (text, ratio).
+fn compile_ratios(
+    node_ratios: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, (String, Ratio)>, String> {
+    if node_ratios.len() > MAX_NODE_RATIOS {
+        return Err(format!(
+            "spec.nodeRatios lists more than {MAX_NODE_RATIOS} resources"
+        ));
+    }
+    let mut ratios = BTreeMap::new();
+    for (resource, text) in node_ratios {
+        check_node_resource(resource).map_err(|r| format!("spec.nodeRatios: {r}"))?;
+        let ratio = Ratio::parse(text).map_err(|e| format!("spec.nodeRatios[{resource}]: {e}"))?;
+        ratios.insert(resource.clone(), (text.clone(), ratio));
+    }
+    Ok(ratios)
+}
+
+/// `spec.podDefaults`: requests above zero and in range, percentages 1 to 100.
+fn compile_pod_defaults(defaults: &PodDefaults) -> Result<CompiledPodDefaults, String> {
+    let mut requests = BTreeMap::new();
+    for (resource, text) in &defaults.requests {
+        check_pod_resource(resource).map_err(|r| format!("spec.podDefaults.requests: {r}"))?;
+        let quantity = Quantity::parse(text)
+            .map_err(|e| format!("spec.podDefaults.requests[{resource}]: {e}"))?;
+        if quantity.is_zero() {
+            return Err(format!(
+                "spec.podDefaults.requests[{resource}] must be greater than zero"
+            ));
+        }
+        let scale = if resource == "cpu" { 3 } else { 0 };
+        if !quantity
+            .to_units_floor(scale)
+            .is_ok_and(|units| units <= crate::quantity::MAX_UNITS)
+        {
+            return Err(format!(
+                "spec.podDefaults.requests[{resource}] {text} is out of range"
+            ));
+        }
+        requests.insert(resource.clone(), quantity);
+    }
+    for (resource, percent) in &defaults.request_to_limit_percent {
+        check_pod_resource(resource)
+            .map_err(|r| format!("spec.podDefaults.requestToLimitPercent: {r}"))?;
+        if !(1..=100).contains(percent) {
+            return Err(format!(
+                "spec.podDefaults.requestToLimitPercent[{resource}] is {percent}, must be 1 to 100"
+            ));
+        }
+    }
+    Ok(CompiledPodDefaults {
+        requests,
+        request_to_limit_percent: defaults.request_to_limit_percent.clone(),
     })
 }
 
