@@ -158,19 +158,7 @@ fn after(ts: Timestamp, d: Duration) -> Timestamp {
 /// Decide the next action.
 pub fn decide(o: &Observed) -> Action {
     let (current, current_has_key, next, phase) = match &o.ca {
-        CaState::Missing | CaState::Broken => {
-            let carry_over = match &o.serving {
-                LeafState::Present { leaf, bundle } if leaf.not_after > o.now => {
-                    super::certs::issuer_of(leaf, bundle).filter(|fp| {
-                        bundle
-                            .iter()
-                            .any(|ca| ca.fingerprint == *fp && ca.not_after > o.now)
-                    })
-                }
-                _ => None,
-            };
-            return Action::CreateCa { carry_over };
-        }
+        CaState::Missing | CaState::Broken => return create_ca(o),
         CaState::Present {
             current,
             current_has_key,
@@ -200,13 +188,37 @@ pub fn decide(o: &Observed) -> Action {
         _ => {}
     }
 
-    // The serving leaf must be usable and signed by a CA it may come from: the signing CA, or
-    // while both are published either of them.
+    let problem = leaf_problem(o, phase, signing);
+    if let Some(action) = phase_action(o, phase, current, current_has_key, next, problem) {
+        return action;
+    }
+    upkeep(o, phase, current)
+}
+
+/// No usable CA: create one, carrying over the CA that signed a leaf still served, if it is
+/// still valid and in the served bundle.
+fn create_ca(o: &Observed) -> Action {
+    let carry_over = match &o.serving {
+        LeafState::Present { leaf, bundle } if leaf.not_after > o.now => {
+            super::certs::issuer_of(leaf, bundle).filter(|fp| {
+                bundle
+                    .iter()
+                    .any(|ca| ca.fingerprint == *fp && ca.not_after > o.now)
+            })
+        }
+        _ => None,
+    };
+    Action::CreateCa { carry_over }
+}
+
+/// What is wrong with the serving leaf, if anything. It must be usable and signed by a CA it
+/// may come from: the signing CA, or while both are published either of them.
+fn leaf_problem(o: &Observed, phase: Phase, signing: &CertInfo) -> Option<LeafReason> {
     let acceptable: Vec<CertInfo> = match phase {
         Phase::Published { .. } => o.trusted().into_iter().cloned().collect(),
         _ => vec![signing.clone()],
     };
-    let leaf_problem = match &o.serving {
+    match &o.serving {
         LeafState::Missing => Some(LeafReason::Missing),
         LeafState::Broken => Some(LeafReason::Invalid),
         LeafState::Present { leaf, .. } => {
@@ -226,15 +238,25 @@ pub fn decide(o: &Observed) -> Action {
                 None
             }
         }
-    };
+    }
+}
 
+/// The phase's own step, if one is due: a leaf, the start, switch or end of a CA rotation.
+fn phase_action(
+    o: &Observed,
+    phase: Phase,
+    current: &CertInfo,
+    current_has_key: bool,
+    next: Option<&CertInfo>,
+    leaf_problem: Option<LeafReason>,
+) -> Option<Action> {
     match phase {
         Phase::Idle => {
             if let Some(reason) = leaf_problem {
-                return Action::IssueLeaf { reason };
+                return Some(Action::IssueLeaf { reason });
             }
             if current.renew_at() <= o.now {
-                return Action::StartCaRotation { forced: false };
+                return Some(Action::StartCaRotation { forced: false });
             }
         }
         Phase::Published { since } => {
@@ -245,36 +267,40 @@ pub fn decide(o: &Observed) -> Action {
             });
             let waited = after(since, o.propagation_delay) <= o.now;
             if next_live && waited {
-                return Action::SwitchToNextCa;
+                return Some(Action::SwitchToNextCa);
             }
             if let Some(reason) = leaf_problem {
                 if current_has_key {
-                    return Action::IssueLeaf { reason };
+                    return Some(Action::IssueLeaf { reason });
                 }
                 // Without the current CA's key (recovery) a leaf can only come from the next CA:
                 // switch early, but keep a leaf that still works until the next CA is live.
                 let nothing_to_keep = matches!(reason, LeafReason::Missing | LeafReason::Invalid);
                 if next_live || nothing_to_keep {
-                    return Action::SwitchToNextCa;
+                    return Some(Action::SwitchToNextCa);
                 }
             }
         }
         Phase::Switched { .. } => {
             if let Some(reason) = leaf_problem {
-                return Action::IssueLeaf { reason };
+                return Some(Action::IssueLeaf { reason });
             }
             let Some(next) = next else {
-                return Action::Wait { until: o.now };
+                return Some(Action::Wait { until: o.now });
             };
             let ready: Vec<&ReplicaReport> = o.replicas.iter().filter(|r| r.ready).collect();
             let all_on_next =
                 !ready.is_empty() && ready.iter().all(|r| r.issuer == Some(next.fingerprint));
             if all_on_next {
-                return Action::FinishCaRotation;
+                return Some(Action::FinishCaRotation);
             }
         }
     }
+    None
+}
 
+/// Nothing of the phase is due: the served bundle, a forced request to clear, or the wait.
+fn upkeep(o: &Observed, phase: Phase, current: &CertInfo) -> Action {
     // The serving Secret's ca.crt must be exactly the trusted bundle.
     if let LeafState::Present { bundle, .. } = &o.serving {
         let want: Vec<Fingerprint> = o.trusted().iter().map(|c| c.fingerprint).collect();
