@@ -130,10 +130,12 @@ demo:
 # Benchmarks (bench/bench.py): builds everything, brings up the local control plane when it needs
 # it, writes BENCHMARKS.md. Never part of `make test`; bench-smoke is its short untimed check.
 bench:
+	tests/tools.sh valgrind >/dev/null
 	python3 bench/bench.py run
 
 bench-smoke:
 	python3 bench/bench.py smoke
+	tests/tools.sh valgrind >/dev/null
 	python3 bench/bench.py instructions --check --no-floor
 
 # A flame graph of kube-overcommit serving the 55 KB node review (perf with DWARF call graphs,

@@ -126,7 +126,7 @@ def floor_per_request(floor: Path, tls: Path, payload: str) -> int:
 def measure(floor: Path | None, tls: Path | None, payloads: list[str] | None = None) -> dict:
     """Counts per payload: {"review": N, "floor": N or absent}; "skipped" when valgrind is missing."""
     if not valgrind():
-        log("instructions: valgrind not installed (apt-get install valgrind): not measured")
+        log("instructions: valgrind not installed (tests/tools.sh valgrind installs it): not measured")
         return {"skipped": "valgrind not installed"}
     examples = build_examples()
     out: dict = {"payloads": {}}

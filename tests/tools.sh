@@ -7,6 +7,8 @@
 #                                     Go types, for the deploy tests' ServiceMonitor/PrometheusRule)
 #   tests/tools.sh cargo-deny      -> path of cargo-deny (`make deny`); waits for a build that
 #                                     --start began, and fails with its log if that build failed
+#   tests/tools.sh valgrind        -> path of valgrind (bench-smoke's instruction-count guard), from
+#                                     the machine's Debian packages (apt-get) when it is missing
 #   tests/tools.sh cargo-deny --start
 #                                  -> starts building cargo-deny in the background at the lowest
 #                                     CPU priority and returns at once (`make test` overlaps the
@@ -61,6 +63,20 @@ install_controller_gen() {
     mv "$tmp/controller-gen" "$dir/controller-gen"
   fi
   echo "$dir/controller-gen"
+}
+
+# valgrind is a system package (it is built against the C library and kernel headers of the
+# machine): installed with apt-get, never from a download of our own.
+install_valgrind() {
+  if ! command -v valgrind >/dev/null; then
+    command -v apt-get >/dev/null || { echo "tests/tools.sh: valgrind is missing and there is no apt-get to install it" >&2; exit 1; }
+    local sudo=()
+    [[ "$(id -u)" == 0 ]] || sudo=(sudo)
+    echo "tests/tools.sh: installing valgrind with apt-get (first time, about a minute)" >&2
+    "${sudo[@]}" apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq valgrind >&2
+  fi
+  command -v valgrind
 }
 
 CARGO_DENY_VERSION=0.20.2
@@ -130,6 +146,7 @@ install_cargo_deny() {
 case "${1:-}" in
   helm) install_helm ;;
   controller-gen) install_controller_gen ;;
+  valgrind) install_valgrind ;;
   cargo-deny)
     mkdir -p "$cache"
     case "${2:-}" in
@@ -139,5 +156,5 @@ case "${1:-}" in
       *) echo "usage: tests/tools.sh cargo-deny [--start]" >&2; exit 2 ;;
     esac
     ;;
-  *) echo "usage: tests/tools.sh helm|controller-gen|cargo-deny [--start]" >&2; exit 2 ;;
+  *) echo "usage: tests/tools.sh helm|controller-gen|valgrind|cargo-deny [--start]" >&2; exit 2 ;;
 esac
