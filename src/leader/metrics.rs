@@ -1,5 +1,5 @@
 //! Leader metrics: leadership, rotations by kind and outcome, seconds until the serving leaf and
-//! the CA expire, configuration repairs, and (leader only, `node_metrics`) the raw allocatable
+//! the CA expire, configuration repairs, and (leader only, `raw_allocatable_gauge`) the raw allocatable
 //! of inflated nodes. Registered in the process-wide registry.
 
 use std::sync::atomic::AtomicU64;

@@ -34,7 +34,7 @@
 //!   `overcommit_core::policy_report`.
 //! - `nudge` (pure) and `nudger` (its I/O): while leading, an empty status PATCH to each node
 //!   the policies would change, so that a policy change reaches nodes whose kubelet is quiet.
-//! - `node_metrics`: while leading, `kube_overcommit_node_raw_allocatable` from a metadata-only
+//! - `raw_allocatable_gauge`: while leading, `kube_overcommit_node_raw_allocatable` from a metadata-only
 //!   watch of nodes (`raw_allocatable`: the pure reading of the annotation); cleared when
 //!   leadership is lost, so one replica per cluster exports it.
 
@@ -49,11 +49,11 @@ pub mod in_process;
 pub mod lease_lock;
 pub mod metrics;
 pub mod node_events;
-pub mod node_metrics;
 pub mod nudge;
 pub mod nudger;
 pub mod policy_status;
 pub mod raw_allocatable;
+pub mod raw_allocatable_gauge;
 pub mod readiness;
 pub mod replicas;
 pub mod rotate;
@@ -461,7 +461,10 @@ async fn supervise(
             in_process.clone(),
         );
         let mut task = tokio::spawn(controller.run());
-        let node_task = tokio::spawn(node_metrics::run(Api::all(client.clone()), metrics.clone()));
+        let node_task = tokio::spawn(raw_allocatable_gauge::run(
+            Api::all(client.clone()),
+            metrics.clone(),
+        ));
         let status_task = tokio::spawn(policy_status::run(
             client.clone(),
             claim.clone(),
@@ -491,7 +494,7 @@ async fn supervise(
         nudge_metrics.clear();
         // Only once the task has stopped can no late update bring a series back.
         let _ = node_task.await;
-        node_metrics::clear(&metrics);
+        raw_allocatable_gauge::clear(&metrics);
         if stopping {
             return;
         }

@@ -42,7 +42,7 @@ use crate::mode::Path;
 const TICK: Duration = Duration::from_secs(1);
 /// The shortest time between two status writes of one policy.
 pub const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(5);
-/// Nodes per page of the node list (as `node_metrics`).
+/// Nodes per page of the node list (as `raw_allocatable_gauge`).
 const LIST_PAGE_SIZE: u32 = 100;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -2,7 +2,7 @@
 //! `overcommit.dev/raw-allocatable` annotation and turned into metric samples in the units of
 //! kube-state-metrics' `kube_node_status_allocatable` (cpu in cores, memory and storage in
 //! bytes, everything else as a count), so that both can be compared and joined by
-//! `(node, resource)`. Pure: no I/O; the watch that feeds it is `node_metrics`.
+//! `(node, resource)`. Pure: no I/O; the watch that feeds it is `raw_allocatable_gauge`.
 
 use std::collections::BTreeMap;
 
