@@ -24,7 +24,7 @@ use crate::events::{EventMetrics, Recorder};
 use crate::leader::{self, LeaderArgs, readiness::ServedCertificate};
 use crate::metrics::Metrics;
 use crate::probes::{self, ProbeArgs, Readiness, ReadyFlag};
-use crate::server::certs::{CertReloader, CertResolver};
+use crate::server::serving_cert::{CertReloader, CertResolver};
 use crate::server::{Server, ServerArgs, tls_config};
 use crate::shutdown::{self, Signal, Trigger};
 use crate::sources::pod_cache::PodCache;

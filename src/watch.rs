@@ -1,7 +1,7 @@
 //! Re-reading a mounted file when it changes: a notify watch on its DIRECTORY (the kubelet
 //! swaps a Secret volume's `..data` symlink, which a watch on the file itself never sees),
 //! plus a periodic re-read as the fallback for filesystems or events the watch misses.
-//! Used for the serving certificate (server/certs.rs) and the policy file (sources/file.rs).
+//! Used for the serving certificate (server/serving_cert.rs) and the policy file (sources/file.rs).
 
 use std::path::Path;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 //!   the configurations it repairs, so it never fights cainjector; every other field stays
 //!   pinned. Replicas are ready only while their leaf chains to the live caBundle, as before.
 
-use super::certs::{self, CertInfo};
+use super::ca::{self, CertInfo};
 use super::rotation::CaState;
 use super::store::CaMaterial;
 
@@ -72,7 +72,7 @@ fn trusted_pem(ca: &CaMaterial) -> Option<String> {
     match &ca.state {
         CaState::Present { current, next, .. } => {
             let trusted: Vec<&CertInfo> = std::iter::once(current).chain(next.iter()).collect();
-            Some(certs::bundle_pem(&trusted))
+            Some(ca::bundle_pem(&trusted))
         }
         _ => None,
     }
@@ -139,7 +139,7 @@ mod tests {
     #[test]
     fn leader_writes_its_trusted_cas() {
         let now = jiff::Timestamp::now();
-        let ca = certs::issue_ca(now, std::time::Duration::from_secs(3600), "svc").unwrap();
+        let ca = ca::issue_ca(now, std::time::Duration::from_secs(3600), "svc").unwrap();
         let secret = store::ca_secret(
             "ca",
             "ns",
@@ -154,11 +154,11 @@ mod tests {
         let material = store::read_ca(Some(&secret));
         let written = bundle_to_write(CertSource::Leader, &material, Some(b"LIVE".to_vec()))
             .expect("a bundle from the CA");
-        let parsed = certs::parse_pem_bundle(&written).unwrap();
+        let parsed = ca::parse_pem_bundle(&written).unwrap();
         assert_eq!(parsed.len(), 1);
         assert_eq!(
             parsed[0].der,
-            certs::parse_pem_bundle(ca.cert_pem.as_bytes()).unwrap()[0].der
+            ca::parse_pem_bundle(ca.cert_pem.as_bytes()).unwrap()[0].der
         );
     }
 }

@@ -21,8 +21,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
+use super::ca::{self, CertError, CertInfo, Fingerprint};
 use super::cert_source::{self, CertSource};
-use super::certs::{self, CertError, CertInfo, Fingerprint};
 use super::compiled_upkeep::Compiled;
 use super::election::{Claim, NotLeader};
 use super::in_process::InProcessContext;
@@ -105,7 +105,7 @@ impl Controller {
             leases: Api::namespaced(client.clone(), &s.namespace),
             validating: Api::all(client.clone()),
             configs: Api::all(client),
-            dns_names: certs::service_dns_names(&s.service_name, &s.namespace),
+            dns_names: ca::service_dns_names(&s.service_name, &s.namespace),
             stale_validating_checked: AtomicBool::new(false),
             s,
             claim,
@@ -473,7 +473,7 @@ impl Controller {
         step: &Step<'_>,
     ) -> Result<(), ControllerError> {
         let o = step.observed;
-        let fresh = certs::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
+        let fresh = ca::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
         let carried = carry_over.and_then(|fp| match &o.serving {
             LeafState::Present { bundle, .. } => {
                 bundle.iter().find(|c| c.fingerprint == fp).cloned()
@@ -515,7 +515,7 @@ impl Controller {
     ) -> Result<(), ControllerError> {
         let (current, _, _) = step.present()?;
         let o = step.observed;
-        let next = certs::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
+        let next = ca::issue_ca(o.now, self.s.ca_validity, &self.s.service_name)?;
         let contents = CaContents {
             current_pem: &current.to_pem(),
             current_key: step.ca.current_key.as_deref(),
@@ -574,7 +574,7 @@ impl Controller {
         };
         let key = key.ok_or_else(|| ControllerError::State("the signing CA has no key".into()))?;
         let o = step.observed;
-        let leaf = certs::issue_leaf(
+        let leaf = ca::issue_leaf(
             &signer.to_pem(),
             key,
             &self.dns_names,
@@ -587,7 +587,7 @@ impl Controller {
             step.serving_base,
             &leaf.cert_pem,
             &leaf.key_pem,
-            &certs::bundle_pem(&o.trusted()),
+            &ca::bundle_pem(&o.trusted()),
             o.forced == Some(Forced::Leaf),
         );
         let result = self
@@ -617,7 +617,7 @@ impl Controller {
             Some(base),
             &crt,
             &key,
-            &certs::bundle_pem(&step.observed.trusted()),
+            &ca::bundle_pem(&step.observed.trusted()),
             clear,
         );
         self.write_secret(Some(base), &secret, "serving-secret")

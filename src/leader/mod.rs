@@ -8,7 +8,7 @@
 //!   resourceVersion precondition (replace with the version read, or create when absent) and
 //!   re-checks the claim (Lease held, renew deadline not passed) right before it goes out; when
 //!   the claim is lost the leader task is aborted before any further write.
-//! - `certs`: CA (ECDSA P-256) and serving leaves with rcgen; parsing with x509-parser; chain
+//! - `ca`: CA (ECDSA P-256) and serving leaves with rcgen; parsing with x509-parser; chain
 //!   checks with webpki, as the API server does them.
 //! - `rotation`: the pure decision (bootstrap, leaf at 2/3 of its life, CA rotation in four
 //!   phases, forced rotation, recovery), table-tested. `store`: how that state lives in the CA
@@ -38,8 +38,8 @@
 //!   watch of nodes (`raw_allocatable`: the pure reading of the annotation); cleared when
 //!   leadership is lost, so one replica per cluster exports it.
 
+pub mod ca;
 pub mod cert_source;
-pub mod certs;
 pub mod compiled_policy;
 pub mod compiled_upkeep;
 pub mod controller;

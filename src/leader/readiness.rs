@@ -13,7 +13,7 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
-use super::certs::{CertInfo, parse_pem_bundle, verify_leaf};
+use super::ca::{CertInfo, parse_pem_bundle, verify_leaf};
 use super::replicas::SelfReport;
 use super::webhook_config::live_ca_bundle;
 use crate::shutdown::Signal;
@@ -168,7 +168,7 @@ pub async fn watch_ca_bundle(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leader::certs::{issue_ca, issue_leaf, service_dns_names};
+    use crate::leader::ca::{issue_ca, issue_leaf, service_dns_names};
     use std::time::Duration;
 
     #[test]

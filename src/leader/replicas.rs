@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 
-use super::certs::Fingerprint;
+use super::ca::Fingerprint;
 use super::rotation::ReplicaReport;
 use super::webhook_config::MANAGED_BY;
 

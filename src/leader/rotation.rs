@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::certs::{CertInfo, Fingerprint};
+use super::ca::{CertInfo, Fingerprint};
 
 /// Where a CA rotation stands (stored as annotations on the CA Secret).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,7 +200,7 @@ pub fn decide(o: &Observed) -> Action {
 fn create_ca(o: &Observed) -> Action {
     let carry_over = match &o.serving {
         LeafState::Present { leaf, bundle } if leaf.not_after > o.now => {
-            super::certs::issuer_of(leaf, bundle).filter(|fp| {
+            super::ca::issuer_of(leaf, bundle).filter(|fp| {
                 bundle
                     .iter()
                     .any(|ca| ca.fingerprint == *fp && ca.not_after > o.now)
@@ -224,7 +224,7 @@ fn leaf_problem(o: &Observed, phase: Phase, signing: &CertInfo) -> Option<LeafRe
         LeafState::Present { leaf, .. } => {
             if leaf.not_after <= o.now {
                 Some(LeafReason::Invalid)
-            } else if super::certs::issuer_of(leaf, &acceptable).is_none() {
+            } else if super::ca::issuer_of(leaf, &acceptable).is_none() {
                 Some(LeafReason::WrongIssuer)
             } else if !o.dns_names.iter().all(|n| leaf.dns_names.contains(n)) {
                 Some(LeafReason::WrongNames)
@@ -331,7 +331,7 @@ fn upkeep(o: &Observed, phase: Phase, current: &CertInfo) -> Action {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leader::certs::{Issued, issue_ca, issue_leaf, parse_pem_bundle, service_dns_names};
+    use crate::leader::ca::{Issued, issue_ca, issue_leaf, parse_pem_bundle, service_dns_names};
 
     const DAY: u64 = 86_400;
 

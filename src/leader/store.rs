@@ -17,7 +17,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::certs::{CertInfo, key_matches, parse_pem_bundle};
+use super::ca::{CertInfo, key_matches, parse_pem_bundle};
 use super::rotation::{CaState, Forced, LeafState, Phase};
 use super::webhook_config::MANAGED_BY;
 
@@ -249,7 +249,7 @@ pub fn serving_pair(secret: &Secret) -> Option<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leader::certs::{issue_ca, issue_leaf, service_dns_names};
+    use crate::leader::ca::{issue_ca, issue_leaf, service_dns_names};
     use std::time::Duration;
 
     fn now() -> Timestamp {

@@ -51,8 +51,8 @@ use serde_json::{Value, json};
 use overcommit_core::inprocess;
 use overcommit_core::policy::POD_DEFAULTS_NAMESPACE_LABEL;
 
+use super::ca::{self, Fingerprint};
 use super::cert_source::{INJECTION_ANNOTATIONS, Injection};
-use super::certs::{self, Fingerprint};
 use crate::webhook::VALIDATE_PATH;
 
 /// Label that opts an object out.
@@ -578,7 +578,7 @@ pub fn live_ca_bundle<C: WebhookConfiguration>(actual: &C) -> Option<Vec<u8>> {
 }
 
 fn fingerprints_of(pem: Option<Vec<u8>>) -> Vec<Fingerprint> {
-    pem.and_then(|pem| certs::parse_pem_bundle(&pem).ok())
+    pem.and_then(|pem| ca::parse_pem_bundle(&pem).ok())
         .map(|certs| certs.iter().map(|c| c.fingerprint).collect())
         .unwrap_or_default()
 }

@@ -4,12 +4,12 @@
 //! Generic over the request [`Handler`]: the transport knows nothing of what it serves.
 //!
 //! - `budget`: the process-wide budget of request-body bytes in flight.
-//! - `certs`: certificate resolver over an `ArcSwap`, reloaded from the TLS directory.
+//! - `serving_cert`: certificate resolver over an `ArcSwap`, reloaded from the TLS directory.
 //! - `conn`: one connection: handshake, protocol by ALPN, header and idle timeouts, drain.
 
 pub mod budget;
-pub mod certs;
 mod conn;
+pub mod serving_cert;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 
 use self::budget::{BodyBudget, Budget};
-use self::certs::CertResolver;
+use self::serving_cert::CertResolver;
 use crate::duration::duration_arg;
 use crate::metrics::Metrics;
 use crate::shutdown::Signal;

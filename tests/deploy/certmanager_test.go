@@ -66,7 +66,7 @@ func TestStaticCertManagerObjects(t *testing.T) {
 }
 
 // The serving Certificate issues the Secret the Deployment mounts, for the names the API server
-// dials (src/leader/certs.rs service_dns_names), from the CA Issuer, whose Secret is the one
+// dials (src/leader/ca.rs service_dns_names), from the CA Issuer, whose Secret is the one
 // --cert-manager-ca-secret names in cert-manager.io/inject-ca-from-secret, which the caBundle guard
 // pins.
 func TestStaticCertManagerServingCertificate(t *testing.T) {
