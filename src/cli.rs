@@ -35,7 +35,7 @@ pub enum Command {
     /// policies of a policy file inside the API server.
     CompileInprocess(crate::compile_inprocess::CompileArgs),
     /// Ask the leader for a forced rotation of the serving leaf (or, with --ca, of the CA).
-    Rotate(crate::leader::rotate::RotateArgs),
+    Rotate(crate::leader::rotate_request::RotateArgs),
     /// One row per node: policy, raw and written allocatable, requested, usage (like
     /// `kubectl top nodes`). Also `kubectl overcommit status` with the binary installed as
     /// `kubectl-overcommit` on the PATH.
@@ -119,7 +119,7 @@ pub fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            rt.block_on(crate::leader::rotate::run(args))
+            rt.block_on(crate::leader::rotate_request::run(args))
         }
         Command::Status(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()

@@ -27,7 +27,7 @@
 //!   the one case where the leader trusts the readiness gate of the Service alone.
 //! - `readiness`: a replica is ready only while its leaf chains to a CA in the live caBundle
 //!   and is not expired.
-//! - `rotate`: `kube-overcommit rotate [--ca]` sets `overcommit.dev/rotate` on the serving
+//! - `rotate_request`: `kube-overcommit rotate [--ca]` sets `overcommit.dev/rotate` on the serving
 //!   Secret; the leader acts on it and clears it.
 //! - `policy_status`: while leading, the `status` of every OvercommitPolicy, batched (at most
 //!   one write per policy every 5 s, only when it differs); computed by
@@ -56,7 +56,7 @@ pub mod raw_allocatable;
 pub mod raw_allocatable_gauge;
 pub mod readiness;
 pub mod replicas;
-pub mod rotate;
+pub mod rotate_request;
 pub mod rotation;
 pub mod store;
 pub mod webhook_config;
