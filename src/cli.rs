@@ -33,7 +33,7 @@ pub enum Command {
     Crd,
     /// Print the MutatingAdmissionPolicy and binding (a JSON List) that apply the static
     /// policies of a policy file inside the API server.
-    CompileInprocess(crate::compile_inprocess::CompileArgs),
+    CompileInprocess(crate::compile_in_process::CompileArgs),
     /// Ask the leader for a forced rotation of the serving leaf (or, with --ca, of the CA).
     Rotate(crate::leader::rotate_request::RotateArgs),
     /// One row per node: policy, raw and written allocatable, requested, usage (like
@@ -113,7 +113,7 @@ pub fn main() -> anyhow::Result<()> {
         }
         Command::Review(args) => crate::review::run(&args),
         Command::Crd => crate::review::run_crd(),
-        Command::CompileInprocess(args) => crate::compile_inprocess::run(&args),
+        Command::CompileInprocess(args) => crate::compile_in_process::run(&args),
         Command::Rotate(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -13,7 +13,7 @@ pub mod accept;
 pub mod admission;
 pub mod app;
 pub mod cli;
-pub mod compile_inprocess;
+pub mod compile_in_process;
 pub mod duration;
 pub mod events;
 pub mod leader;

@@ -3,9 +3,9 @@
 //! `admissionregistration.k8s.io/v1`, read once at start.
 //!
 //! - `webhook` (the default): the webhook serves every policy; the leader puts the placeholder
-//!   back into the compiled MutatingAdmissionPolicy it kept, if any (`compiled_policy`).
+//!   back into the compiled MutatingAdmissionPolicy it kept, if any (`in_process_policy`).
 //! - `in-process`: the leader keeps the static policies compiled into a MutatingAdmissionPolicy
-//!   and binding (`overcommit_core::inprocess`); `serve` refuses to start when the API server
+//!   and binding (`overcommit_core::in_process`); `serve` refuses to start when the API server
 //!   does not serve both resources.
 //! - `auto`: in-process when the API server serves both, webhook otherwise.
 //!
@@ -17,7 +17,7 @@
 //! `review --explain` and `status`.
 
 use kube::Client;
-use overcommit_core::inprocess;
+use overcommit_core::in_process;
 use overcommit_core::policy::NodeChoice;
 
 /// Group version of MutatingAdmissionPolicy and its binding.
@@ -194,7 +194,7 @@ pub fn node_path(choice: &NodeChoice<'_>, cluster: &ClusterPath) -> NodePath {
     match choice {
         NodeChoice::NoPolicy => NodePath::None { opted_out: false },
         NodeChoice::OptedOut => NodePath::None { opted_out: true },
-        NodeChoice::Policy(p) if !inprocess::is_static(p) => NodePath::Webhook,
+        NodeChoice::Policy(p) if !in_process::is_static(p) => NodePath::Webhook,
         NodeChoice::Policy(_) => match cluster {
             ClusterPath::Webhook => NodePath::Webhook,
             ClusterPath::InProcess(name) => NodePath::InProcess(name.clone()),

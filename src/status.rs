@@ -18,7 +18,7 @@ use overcommit_core::policy::{OvercommitPolicy, PolicySet, parse_policy_file};
 use serde::de::DeserializeOwned;
 
 use self::view::NodeFacts;
-use crate::leader::compiled_policy::{binding_resource, policy_resource};
+use crate::leader::in_process_policy::{binding_resource, policy_resource};
 use crate::mode::{self, ClusterPath, Found};
 
 /// How `status` prints.
@@ -173,10 +173,10 @@ async fn policies(client: &Client, file: Option<&PathBuf>) -> anyhow::Result<Pol
     Ok(set)
 }
 
-/// The live policy is the placeholder (`compiled_policy::is_placeholder`).
+/// The live policy is the placeholder (`in_process_policy::is_placeholder`).
 fn is_placeholder(object: &DynamicObject, name: &str) -> bool {
     serde_json::to_value(object)
-        .is_ok_and(|v| crate::leader::compiled_policy::is_placeholder(&v, name))
+        .is_ok_and(|v| crate::leader::in_process_policy::is_placeholder(&v, name))
 }
 
 /// Whether the compiled MutatingAdmissionPolicy and binding named `name` are in the cluster (the

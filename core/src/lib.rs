@@ -13,7 +13,7 @@
 
 pub mod cap;
 pub mod duration;
-pub mod inprocess;
+pub mod in_process;
 pub mod node;
 pub mod node_transitions;
 pub mod patch;

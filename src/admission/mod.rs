@@ -26,7 +26,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use serde::Deserialize;
 
 use overcommit_core::Account;
-use overcommit_core::inprocess;
+use overcommit_core::in_process;
 use overcommit_core::node::heartbeat::Quiet;
 use overcommit_core::node::usage::NodeUsage;
 use overcommit_core::node::{self, NodeDecision, NodeInput, NodeView};
@@ -62,7 +62,7 @@ pub struct Settings {
     pub usage: Option<std::sync::Arc<dyn NodeUsageSource>>,
     /// True while the compiled MutatingAdmissionPolicy of the static policies is in force
     /// (`serve --mode`, set by `leader::in_process`): the node rule then leaves the nodes it
-    /// serves (`inprocess::serves`) unchanged. One atomic load per node review when false.
+    /// serves (`in_process::serves`) unchanged. One atomic load per node review when false.
     pub in_process: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -371,7 +371,7 @@ fn decide_node_review(
     if settings
         .in_process
         .load(std::sync::atomic::Ordering::Relaxed)
-        && inprocess::serves(&choice)
+        && in_process::serves(&choice)
     {
         return Ok(Decision::NotMutated(
             "node served in-process (the compiled MutatingAdmissionPolicy)".into(),

@@ -23,9 +23,9 @@ use tokio::sync::Notify;
 
 use super::ca::{self, CertError, CertInfo, Fingerprint};
 use super::cert_source::{self, CertSource};
-use super::compiled_upkeep::Compiled;
 use super::election::{Claim, NotLeader};
 use super::in_process::InProcessContext;
+use super::in_process_upkeep::Compiled;
 use super::metrics::LeaderMetrics;
 use super::replicas;
 use super::rotation::{self, Action, CaState, Forced, LeafState, Observed, Phase};

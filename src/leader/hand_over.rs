@@ -1,11 +1,11 @@
 //! The hand-over between the node webhook and the compiled policy (in-process mode with
 //! `--in-process-policy leader`, docs/architecture.md §7): which node writes the API server
 //! sends to the webhook, and when the leader may rewrite the compiled policy. Pure; the leader
-//! (`controller`, `compiled_upkeep`) asks it at every step.
+//! (`controller`, `in_process_upkeep`) asks it at every step.
 //!
 //! While the compiled policy has been in force for `in_process::SETTLE` (the leader's own
 //! in-process flag), the node webhook carries a second match condition, the complement of what
-//! the compiled policy serves (`inprocess::Compiled::webhook_condition`, "narrowed"): the API
+//! the compiled policy serves (`in_process::Compiled::webhook_condition`, "narrowed"): the API
 //! server does not call the webhook for the nodes the compiled policy serves. At every hand-over
 //! each node stays served by at least one path, and a write both serve is not compounded (both
 //! read the record from the object, rule 3.2):

@@ -1,6 +1,6 @@
 //! Every replica on the in-process path (`serve --mode`): whether the compiled
 //! MutatingAdmissionPolicy and binding are in force, as this replica's policy set compiles
-//! them (`compiled_policy::in_force`), seen through one watch per object (field-selected by
+//! them (`in_process_policy::in_force`), seen through one watch per object (field-selected by
 //! name). While they have been for `SETTLE` (time for the API server to load a new policy),
 //! `admission::Settings::in_process` is true and the webhook's node rule leaves the nodes the
 //! compiled policy serves unchanged; any difference (a policy edit not yet compiled, a hand
@@ -26,7 +26,7 @@ use overcommit_core::policy::PolicySet;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 
-use super::compiled_policy::{self, Desired, binding_resource, policy_resource};
+use super::in_process_policy::{self, Desired, binding_resource, policy_resource};
 use crate::mode::{InProcessPolicy, Path};
 use crate::shutdown::Signal;
 use crate::sources::PolicyStore;
@@ -120,7 +120,8 @@ pub fn decide(
     since: Option<Instant>,
     now: Instant,
 ) -> (Option<Instant>, bool) {
-    let in_force = compiled_policy::in_force(want, policy.object.as_ref(), binding.object.as_ref());
+    let in_force =
+        in_process_policy::in_force(want, policy.object.as_ref(), binding.object.as_ref());
     let since = if in_force { since.or(Some(now)) } else { None };
     (since, flag(since, now))
 }
@@ -158,7 +159,7 @@ impl Want {
         if self.set.as_ref().is_some_and(|s| Arc::ptr_eq(s, &current)) {
             return;
         }
-        self.desired = compiled_policy::desired(
+        self.desired = in_process_policy::desired(
             &current,
             context.path,
             name,
@@ -312,7 +313,7 @@ mod tests {
         let docs = overcommit_core::policy::parse_policy_file(yaml).unwrap();
         let set = PolicySet::new(docs).unwrap();
         let want =
-            compiled_policy::desired(&set, Path::InProcess, "n", Duration::from_secs(300), "u")
+            in_process_policy::desired(&set, Path::InProcess, "n", Duration::from_secs(300), "u")
                 .unwrap();
         let seen = |v: &Value| Seen {
             object: Some(v.clone()),

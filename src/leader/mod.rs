@@ -40,12 +40,12 @@
 
 pub mod ca;
 pub mod cert_source;
-pub mod compiled_policy;
-pub mod compiled_upkeep;
 pub mod controller;
 pub mod election;
 pub mod hand_over;
 pub mod in_process;
+pub mod in_process_policy;
+pub mod in_process_upkeep;
 pub mod lease_lock;
 pub mod metrics;
 pub mod node_events;

@@ -48,7 +48,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use serde_json::{Value, json};
 
-use overcommit_core::inprocess;
+use overcommit_core::in_process;
 use overcommit_core::policy::POD_DEFAULTS_NAMESPACE_LABEL;
 
 use super::ca::{self, Fingerprint};
@@ -90,7 +90,7 @@ pub struct WebhookSettings {
     /// `--cert-source=cert-manager`: cainjector's annotation on both configurations.
     pub injection: Option<Injection>,
     /// The user whose node status writes are the leader's nudges (the ServiceAccount's): the
-    /// node webhook's match condition takes them (`inprocess::match_condition`).
+    /// node webhook's match condition takes them (`in_process::match_condition`).
     pub nudger: String,
 }
 
@@ -159,9 +159,9 @@ pub fn desired(
     ca_bundle: &[u8],
     narrowing: Option<&str>,
 ) -> MutatingWebhookConfiguration {
-    let nodes_condition = inprocess::match_condition(&s.nudger);
-    let mut conditions = vec![(inprocess::MATCH_CONDITION_NAME, nodes_condition.as_str())];
-    conditions.extend(narrowing.map(|n| (inprocess::WEBHOOK_CONDITION_NAME, n)));
+    let nodes_condition = in_process::match_condition(&s.nudger);
+    let mut conditions = vec![(in_process::MATCH_CONDITION_NAME, nodes_condition.as_str())];
+    conditions.extend(narrowing.map(|n| (in_process::WEBHOOK_CONDITION_NAME, n)));
     let mut nodes = webhook_at(s, NODES_WEBHOOK, "/mutate", ca_bundle, &conditions);
     nodes.rules = Some(vec![
         rule("UPDATE", "nodes/status", "Cluster"),
@@ -204,7 +204,7 @@ pub fn live_narrowing(actual: &MutatingWebhookConfiguration) -> Option<String> {
         .flatten()
         .filter(|w| w.name == NODES_WEBHOOK)
         .flat_map(|w| w.match_conditions.iter().flatten())
-        .find(|c| c.name == inprocess::WEBHOOK_CONDITION_NAME)
+        .find(|c| c.name == in_process::WEBHOOK_CONDITION_NAME)
         .map(|c| c.expression.clone())
 }
 
@@ -896,7 +896,7 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            [inprocess::MATCH_CONDITION_NAME, "served-by-webhook"]
+            [in_process::MATCH_CONDITION_NAME, "served-by-webhook"]
         );
         assert_eq!(
             hooks[1].match_conditions,

@@ -185,7 +185,7 @@ func TestStaticInstallContainsEverything(t *testing.T) {
 // components/in-process and the chart's inProcess.enabled install the same objects with the
 // same specs: the ClusterRole, its binding, the placeholder MutatingAdmissionPolicy (fail-safe:
 // Ignore, a match condition that is always false) and the MutatingAdmissionPolicyBinding (which
-// the leader expects exactly as compiled: src/leader/compiled_policy.rs compares both).
+// the leader expects exactly as compiled: src/leader/in_process_policy.rs compares both).
 func TestStaticInProcessHelmMatchesKustomize(t *testing.T) {
 	r := render(t)
 	for name, objs := range map[string][]*unstructured.Unstructured{"kustomize": r.inProcess, "helm": r.helmInProcess} {

@@ -1,5 +1,5 @@
 //! `kube-overcommit compile-inprocess`: print the MutatingAdmissionPolicy and binding that
-//! apply the static policies of a policy file in the API server (`overcommit_core::inprocess`),
+//! apply the static policies of a policy file in the API server (`overcommit_core::in_process`),
 //! as a JSON List, and which policies stay on the webhook (stderr). Both objects are named
 //! like the ones the leader keeps (`--webhook-config-name`, same env var and default), so a
 //! compiled policy applied by hand and the one `serve --mode in-process` keeps are the same
@@ -10,12 +10,12 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use overcommit_core::inprocess;
+use overcommit_core::in_process;
 use overcommit_core::policy::PolicySet;
 use serde_json::Value;
 
 use crate::duration::duration_arg;
-use crate::leader::compiled_policy::named;
+use crate::leader::in_process_policy::named;
 use crate::leader::{DEFAULT_CONFIG_NAME, DEFAULT_SERVICE_ACCOUNT, service_account_user};
 
 #[derive(Debug, clap::Args)]
@@ -62,7 +62,7 @@ pub fn output(
     heartbeat_refresh: Duration,
     nudger: &str,
 ) -> (Value, Vec<String>, Vec<String>) {
-    let compiled = inprocess::compile(policies, heartbeat_refresh, nudger);
+    let compiled = in_process::compile(policies, heartbeat_refresh, nudger);
     let (policy, binding) = named(compiled.policy, compiled.binding, name);
     let list = serde_json::json!({
         "apiVersion": "v1",
@@ -96,7 +96,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leader::compiled_policy::desired;
+    use crate::leader::in_process_policy::desired;
     use crate::mode::Path;
     use clap::Parser;
 

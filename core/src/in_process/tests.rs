@@ -1,5 +1,5 @@
 //! Table tests of the compiler (pure). What the compiled CEL does on a real API server is
-//! tested in tests/cluster/e2e/inprocess_test.go, against `review` (the webhook's rule).
+//! tested in tests/cluster/e2e/in_process_test.go, against `review` (the webhook's rule).
 
 use std::borrow::Cow;
 use std::time::Duration;

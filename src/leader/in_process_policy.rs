@@ -27,7 +27,7 @@ use std::time::Duration;
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Map, Value};
 
-use overcommit_core::inprocess;
+use overcommit_core::in_process;
 use overcommit_core::policy::PolicySet;
 
 use super::webhook_config::MANAGED_BY;
@@ -82,7 +82,7 @@ pub fn desired(
     if path == Path::Webhook {
         return None;
     }
-    let compiled = inprocess::compile(policies, heartbeat_refresh, nudger);
+    let compiled = in_process::compile(policies, heartbeat_refresh, nudger);
     if compiled.in_process.is_empty() {
         return None;
     }

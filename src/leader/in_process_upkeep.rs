@@ -1,5 +1,5 @@
 //! The leader's upkeep of the compiled MutatingAdmissionPolicy and binding (`serve --mode`,
-//! `--in-process-policy`): the I/O around `compiled_policy`'s pure decisions.
+//! `--in-process-policy`): the I/O around `in_process_policy`'s pure decisions.
 //!
 //! - `leader`: the policy the install ships is rebuilt on every policy change and repaired on
 //!   drift (an update with the resourceVersion read; the ServiceAccount has no other write on
@@ -23,10 +23,10 @@ use kube::api::{DynamicObject, PostParams};
 use kube::{Api, Client};
 use serde_json::Value;
 
-use super::compiled_policy::{self, Desired, ObjectState, Upkeep};
 use super::election::{Claim, NotLeader};
 use super::hand_over;
 use super::in_process::InProcessContext;
+use super::in_process_policy::{self, Desired, ObjectState, Upkeep};
 use super::metrics::LeaderMetrics;
 use crate::mode::{InProcessPolicy, Path};
 
@@ -69,8 +69,8 @@ impl Compiled {
     pub fn new(client: &Client, context: InProcessContext) -> Self {
         Self {
             context,
-            policies: Api::all_with(client.clone(), &compiled_policy::policy_resource()),
-            bindings: Api::all_with(client.clone(), &compiled_policy::binding_resource()),
+            policies: Api::all_with(client.clone(), &in_process_policy::policy_resource()),
+            bindings: Api::all_with(client.clone(), &in_process_policy::binding_resource()),
             stale_checked: AtomicBool::new(false),
             logged: Mutex::new([None, None]),
             config: Mutex::new(ConfigSeen::default()),
@@ -83,7 +83,7 @@ impl Compiled {
         if c.path == Path::Webhook || !c.policies.is_synced() {
             return None;
         }
-        compiled_policy::desired(
+        in_process_policy::desired(
             &c.policies.current(),
             c.path,
             name,
@@ -106,7 +106,7 @@ impl Compiled {
             read(&self.bindings, name).await,
         ) {
             (Ok(Some(_)), Ok(binding)) => {
-                compiled_policy::object_state(Some(&want.binding), binding.as_ref(), false)
+                in_process_policy::object_state(Some(&want.binding), binding.as_ref(), false)
                     == ObjectState::Ready
             }
             _ => false,
@@ -208,12 +208,13 @@ impl Compiled {
         } else {
             let actual = read(&self.policies, name).await?;
             let state =
-                compiled_policy::object_state(want.map(|w| &w.policy), actual.as_ref(), true);
+                in_process_policy::object_state(want.map(|w| &w.policy), actual.as_ref(), true);
             self.report(0, name, state);
         }
         if let Some(want) = want {
             let actual = read(&self.bindings, name).await?;
-            let state = compiled_policy::object_state(Some(&want.binding), actual.as_ref(), false);
+            let state =
+                in_process_policy::object_state(Some(&want.binding), actual.as_ref(), false);
             self.report(1, name, state);
         }
         Ok(())
@@ -229,8 +230,8 @@ impl Compiled {
         want: Option<&Value>,
     ) -> Result<(), UpkeepError> {
         let actual = read(&self.policies, name).await?;
-        let placeholder = compiled_policy::placeholder(name);
-        match compiled_policy::upkeep(want, &placeholder, actual.as_ref()) {
+        let placeholder = in_process_policy::placeholder(name);
+        match in_process_policy::upkeep(want, &placeholder, actual.as_ref()) {
             Upkeep::Keep if want.is_some() => self.report(0, name, ObjectState::Ready),
             Upkeep::Keep => {}
             Upkeep::Missing => self.report(0, name, ObjectState::Missing),
@@ -239,9 +240,9 @@ impl Compiled {
                     return Ok(());
                 };
                 let target = want.unwrap_or(&placeholder);
-                let repaired = serde_json::from_value::<DynamicObject>(compiled_policy::repaired(
-                    &actual, target,
-                ))?;
+                let repaired = serde_json::from_value::<DynamicObject>(
+                    in_process_policy::repaired(&actual, target),
+                )?;
                 claim.check()?;
                 self.policies
                     .replace(name, &PostParams::default(), &repaired)
