@@ -360,12 +360,12 @@ pub(super) fn read_member<'a, T: Default>(
         read_field,
         no_jump,
     );
-    member_read(parent, read?)
+    continue_past_member(parent, read?)
 }
 
 /// `parent` continues past its current member, read as `read` says (unless reading stopped
 /// inside it).
-pub(super) fn member_read<T>(
+pub(super) fn continue_past_member<T>(
     parent: &mut Members<'_>,
     read: Option<(T, Ended)>,
 ) -> Read<(Option<T>, After)> {

@@ -14,8 +14,8 @@ use super::conditions::{
     Ahead, STATUS_AFTER_CONDITIONS, STATUS_AFTER_QUANTITIES, object_conditions, read_conditions,
 };
 use super::fields::{
-    After, Ended, Read, field, member_read, no_jump, read_member, read_struct, scan_error, str_map,
-    text,
+    After, Ended, Read, continue_past_member, field, no_jump, read_member, read_struct, scan_error,
+    str_map, text,
 };
 use crate::admission::request::{
     MetaIn, NodeStatusIn, ObjectIn, OldMetaIn, OldObjectIn, OldStatusIn,
@@ -76,7 +76,7 @@ pub(super) fn read_object<'a>(
         *tail = None;
         object = read(false);
     }
-    member_read(parent, object?)
+    continue_past_member(parent, object?)
 }
 
 /// `metadata`: managedFields, ownerReferences, ... skipped. With `jumped` (`read_object`), once
@@ -117,7 +117,7 @@ pub(super) fn read_metadata<'a>(
         },
         jump,
     )?;
-    let (metadata, _) = member_read(parent, read)?;
+    let (metadata, _) = continue_past_member(parent, read)?;
     Ok(metadata)
 }
 
