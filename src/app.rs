@@ -164,6 +164,40 @@ struct Shared {
     readiness: Readiness,
     shutdown: Signal,
     namespace: String,
+    /// `serve`'s one Kubernetes client, or why there is none.
+    cluster: Result<Cluster, String>,
+}
+
+/// The one Kubernetes client of `serve`, built here and handed to every part (clones share its
+/// connection pool), and the configuration it came from, for the one part that needs variants
+/// of it (the usage task: its own User-Agent, and no retries for metrics.k8s.io).
+#[derive(Clone)]
+struct Cluster {
+    config: kube::Config,
+    client: kube::Client,
+}
+
+impl Cluster {
+    /// In-cluster configuration or KUBECONFIG, as `kube::Client::try_default`. The error is
+    /// kept as text: parts that need the API server fail with it and their own reason, the
+    /// others run without one (`--policy-file` alone).
+    async fn infer() -> Result<Self, String> {
+        let config = kube::Config::infer()
+            .await
+            .map_err(|e| kube::Error::InferConfig(e).to_string())?;
+        let client = kube::Client::try_from(config.clone()).map_err(|e| e.to_string())?;
+        Ok(Self { config, client })
+    }
+}
+
+impl Shared {
+    /// The client, or why there is none.
+    fn client(&self) -> Result<kube::Client, String> {
+        self.cluster
+            .as_ref()
+            .map(|c| c.client.clone())
+            .map_err(Clone::clone)
+    }
 }
 
 /// What runs until shutdown.
@@ -184,6 +218,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         readiness,
         shutdown: signal,
         namespace: own_namespace(args.namespace.as_deref()),
+        cluster: Cluster::infer().await,
     };
     let mut running = start(&args, &shared, not_shutting_down).await?;
     let mut signals = Signals::install()?;
@@ -208,7 +243,7 @@ async fn start(
     let policies_synced = shared.readiness.condition("policies", false);
     let (resolver, reloader) = load_certificate(args, shared, provider.clone(), cert_ready);
     let store = PolicyStore::new(shared.metrics.clone(), policies_synced);
-    let source = start_policy_source(args, store.clone(), shared.shutdown.clone()).await?;
+    let source = start_policy_source(args, shared, store.clone())?;
     let in_process = in_process_context(args, shared, &store).await?;
     let path = in_process.path;
 
@@ -285,7 +320,7 @@ async fn in_process_context(
     shared: &Shared,
     store: &PolicyStore,
 ) -> anyhow::Result<leader::in_process::InProcessContext> {
-    let path = crate::mode::resolve(args.mode).await?;
+    let path = crate::mode::resolve(args.mode, shared.client().ok().as_ref()).await?;
     tracing::info!(
         mode = args.mode.as_str(),
         path = path.as_str(),
@@ -355,8 +390,9 @@ async fn start_placement(
     if !args.request_cap {
         return Ok((None, Vec::new()));
     }
-    let client = kube::Client::try_default()
-        .await
+    let client = shared
+        .client()
+        .map_err(anyhow::Error::msg)
         .context("--request-cap watches nodes and pods: no Kubernetes client configuration")?;
     let placement = sources::placement::WatchedPlacement::new(pods.clone(), Some(client.clone()));
     let nodes = tokio::spawn(sources::placement::run(
@@ -406,22 +442,16 @@ fn start_usage(
     if args.usage_interval.is_zero() {
         anyhow::bail!("--usage-interval must be longer than 0");
     }
-    let clients = || async {
-        let mut config = kube::Config::infer().await?;
-        config.headers.push((
-            http::header::USER_AGENT,
-            http::HeaderValue::from_static(concat!(
-                "kube-overcommit/",
-                env!("CARGO_PKG_VERSION"),
-                " (usage)"
-            )),
-        ));
-        let mut once = config.clone();
-        once.default_retry = false;
-        Ok::<_, anyhow::Error>((
-            kube::Client::try_from(config)?,
-            kube::Client::try_from(once)?,
-        ))
+    // Variants of `serve`'s one configuration: the audit log tells the usage task's requests by
+    // their User-Agent (tests/cluster/e2e/usage_test.go).
+    let config = shared
+        .cluster
+        .as_ref()
+        .map(|c| c.config.clone())
+        .map_err(Clone::clone);
+    let clients = move || {
+        let config = config.clone();
+        async move { usage_clients(config.map_err(anyhow::Error::msg)?) }
     };
     Ok(tokio::spawn(sources::usage::run(
         usage,
@@ -434,12 +464,31 @@ fn start_usage(
     )))
 }
 
+/// The usage task's clients, from `serve`'s configuration.
+fn usage_clients(mut config: kube::Config) -> anyhow::Result<sources::usage::Clients> {
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!(
+            "kube-overcommit/",
+            env!("CARGO_PKG_VERSION"),
+            " (usage)"
+        )),
+    ));
+    let mut once = config.clone();
+    once.default_retry = false;
+    Ok((
+        kube::Client::try_from(config)?,
+        kube::Client::try_from(once)?,
+    ))
+}
+
 /// The policy file (read once now) or, without one, the OvercommitPolicy watch.
-async fn start_policy_source(
+fn start_policy_source(
     args: &ServeArgs,
+    shared: &Shared,
     store: PolicyStore,
-    shutdown: Signal,
 ) -> anyhow::Result<JoinHandle<()>> {
+    let shutdown = shared.shutdown.clone();
     match &args.source.policy_file {
         Some(path) => {
             let mut file = FileSource::new(path.clone(), store);
@@ -449,9 +498,9 @@ async fn start_policy_source(
             Ok(tokio::spawn(file.run(interval, watch_files, shutdown)))
         }
         None => {
-            let client = kube::Client::try_default()
-                .await
-                .map_err(sources::SourceError::from)
+            let client = shared
+                .client()
+                .map_err(sources::SourceError::NoCluster)
                 .context("no --policy-file, so watching OvercommitPolicy needs a cluster")?;
             Ok(tokio::spawn(sources::crd::run(client, store, shutdown)))
         }
@@ -463,7 +512,7 @@ async fn start_policy_source(
 async fn start_events(args: &ServeArgs, shared: &Shared) -> (Recorder, Option<JoinHandle<()>>) {
     let metrics = EventMetrics::default();
     shared.metrics.with_registry(|r| metrics.register(r));
-    let client = kube::Client::try_default().await.ok();
+    let client = shared.client().ok();
     let instance = args
         .leader
         .identity()
@@ -487,6 +536,7 @@ async fn start_leader(
         request_cap: args.request_cap,
         shutdown: shared.shutdown.clone(),
         served,
+        client: shared.client(),
     };
     let running = leader::start_in_serve(&args.leader, context).await?;
     if let Some(running) = &running {

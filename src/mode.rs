@@ -255,15 +255,14 @@ pub async fn discover(client: &Client, mode: Mode) -> Result<Discovery, ModeErro
     }
 }
 
-/// The effective path at start: discovery when the mode needs it.
-pub async fn resolve(mode: Mode) -> Result<Path, ModeError> {
+/// The effective path at start: discovery when the mode needs it, with `serve`'s client
+/// (`None`: no Kubernetes client configuration).
+pub async fn resolve(mode: Mode, client: Option<&Client>) -> Result<Path, ModeError> {
     if !mode.needs_discovery() {
         return effective(mode, Discovery::NotAsked);
     }
-    let client = Client::try_default()
-        .await
-        .map_err(|_| ModeError::NoCluster(mode.as_str()))?;
-    effective(mode, discover(&client, mode).await?)
+    let client = client.ok_or(ModeError::NoCluster(mode.as_str()))?;
+    effective(mode, discover(client, mode).await?)
 }
 
 #[cfg(test)]

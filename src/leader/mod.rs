@@ -228,8 +228,9 @@ pub enum LeaderError {
     Validity,
     #[error("no identity: set --identity or POD_NAME (the hostname could not be read)")]
     NoIdentity,
+    /// Why `serve` has no client (the text of the client's own error).
     #[error("--leader-election needs a cluster: {0}")]
-    NoCluster(kube::Error),
+    NoCluster(String),
 }
 
 impl LeaderArgs {
@@ -601,6 +602,8 @@ pub struct ServeContext {
     pub in_process: InProcessContext,
     /// The replica's Events.
     pub events: Recorder,
+    /// `serve`'s one client, or why there is none.
+    pub client: Result<Client, String>,
 }
 
 /// Start the leader part inside `serve`: the namespace comes from `serve`, metrics go to the
@@ -614,7 +617,7 @@ pub async fn start_in_serve(
         tracing::info!("leader election off (--leader-election=false)");
         return Ok(None);
     }
-    let client = match Client::try_default().await {
+    let client = match context.client {
         Ok(c) => c,
         Err(e) if args.leader_election.is_none() => {
             tracing::info!(error = %e, "no kube config: leader election and certificate management off");

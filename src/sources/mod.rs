@@ -39,8 +39,9 @@ pub struct SourceArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
+    /// `serve` has no client: why (the text of the client's own error).
     #[error("connecting to the API server (in-cluster config or KUBECONFIG): {0}")]
-    Kube(#[from] kube::Error),
+    NoCluster(String),
 }
 
 /// The current policy set and whether the first complete set has been published.
