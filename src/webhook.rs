@@ -20,6 +20,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
+use overcommit_core::duration::parse_duration;
 use overcommit_core::policy::PolicySet;
 
 use crate::admission::{self, Handled, Outcome, Settings};
@@ -398,49 +399,16 @@ where
     Ok((single.unwrap_or_else(|| Bytes::from(joined)), reserved))
 }
 
-/// The API server's `timeout` query parameter, a Go duration such as `10s` or `1m30s`.
+/// The API server's `timeout` query parameter, read with the project's one duration grammar.
+/// The API server rounds its remaining deadline up to whole seconds and writes it with Go's
+/// `Duration.String` (k8s.io/apiserver, webhook dispatchers), so it only sends `10s`, `1m0s`,
+/// `1h0m0s`: unit groups the grammar reads, never fractions. Anything it cannot read leaves
+/// the body timeout alone (the caller's `map_or`).
 fn query_timeout(query: &str) -> Option<Duration> {
     let value = query
         .split('&')
         .find_map(|kv| kv.strip_prefix("timeout="))?;
-    // The API server writes whole seconds (`10s`): read without the general grammar's floats.
-    let whole_seconds = value
-        .strip_suffix('s')
-        .filter(|n| (1..=9).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()));
-    match whole_seconds {
-        Some(n) => n.parse().ok().map(Duration::from_secs),
-        None => parse_go_duration(value),
-    }
-}
-
-fn parse_go_duration(s: &str) -> Option<Duration> {
-    let mut rest = s;
-    let mut total = Duration::ZERO;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let value: f64 = rest[..num_end].parse().ok()?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let secs = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_end..];
-        total += Duration::try_from_secs_f64(value * secs).ok()?;
-    }
-    Some(total)
+    parse_duration(value).ok()
 }
 
 #[cfg(test)]
@@ -542,45 +510,30 @@ mod tests {
     }
 
     #[test]
-    fn go_durations() {
+    fn api_server_timeouts() {
+        // What the API server sends (Go's Duration.String of whole seconds) and what else the
+        // grammar reads; a value it refuses leaves the body timeout in force.
         let cases = [
-            ("10s", Some(Duration::from_secs(10))),
-            ("2s", Some(Duration::from_secs(2))),
-            ("500ms", Some(Duration::from_millis(500))),
-            ("1m30s", Some(Duration::from_secs(90))),
-            ("1.5s", Some(Duration::from_millis(1500))),
-            ("", None),
-            ("10", None),
-            ("s", None),
-            ("-1s", None),
+            ("timeout=10s", Some(Duration::from_secs(10))),
+            ("timeout=2s", Some(Duration::from_secs(2))),
+            ("timeout=30s", Some(Duration::from_secs(30))),
+            ("timeout=1m0s", Some(Duration::from_secs(60))),
+            ("timeout=1m30s", Some(Duration::from_secs(90))),
+            ("timeout=1h0m0s", Some(Duration::from_secs(3600))),
+            ("timeout=500ms", Some(Duration::from_millis(500))),
+            ("a=b&timeout=5s", Some(Duration::from_secs(5))),
+            ("timeout=10", Some(Duration::from_secs(10))),
+            ("a=b", None),
+            ("timeout=", None),
+            ("timeout=s", None),
+            ("timeout=-1s", None),
+            ("timeout=+1s", None),
+            ("timeout=1ss", None),
+            ("timeout=1.5s", None),
+            ("timeout=10us", None),
         ];
-        for (s, want) in cases {
-            assert_eq!(parse_go_duration(s), want, "{s}");
-        }
-        assert_eq!(
-            query_timeout("a=b&timeout=5s"),
-            Some(Duration::from_secs(5))
-        );
-        assert_eq!(query_timeout("a=b"), None);
-        // The whole-seconds shortcut answers as the grammar does.
-        for value in [
-            "10s",
-            "0s",
-            "2s",
-            "999999999s",
-            "1234567890s",
-            "1m30s",
-            "500ms",
-            "s",
-            "1.5s",
-            "+1s",
-            "1ss",
-        ] {
-            assert_eq!(
-                query_timeout(&format!("timeout={value}")),
-                parse_go_duration(value),
-                "{value}"
-            );
+        for (query, want) in cases {
+            assert_eq!(query_timeout(query), want, "{query}");
         }
     }
 

@@ -1,7 +1,9 @@
 //! The one duration grammar of the project: a bare integer is seconds (`120`), otherwise one or
 //! more `<integer><unit>` groups with units `ms`, `s`, `m`, `h`, `d` (`500ms`, `10s`, `2m`,
 //! `1h30m`, `7d`). Every command-line duration flag parses with it (the binary's
-//! `duration::duration_arg`), and so does a policy's `spec.usage.window`.
+//! `duration::duration_arg`), and so does a policy's `spec.usage.window`, and the webhook
+//! reads the API server's `?timeout=` with it (Go's `Duration.String` of whole seconds:
+//! `10s`, `1m0s`, `1h0m0s`).
 
 use std::time::Duration;
 
@@ -76,6 +78,10 @@ mod tests {
             ("500ms", 500),
             ("120", 120_000),
             ("2s500ms", 2_500),
+            // Go's Duration.String of whole seconds (the API server's `?timeout=`).
+            ("1m0s", 60_000),
+            ("1h0m0s", 3_600_000),
+            ("2h3m4s", 7_384_000),
         ];
         for (input, millis) in ok {
             assert_eq!(

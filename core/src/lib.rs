@@ -2,7 +2,7 @@
 //! crate's Cargo.toml has none of them, so the compiler holds the boundary). The webhook's
 //! transport, caches and leader call into these; nothing here calls out.
 //!
-//! - [`duration`]: the one duration grammar (flags and policies).
+//! - [`duration`]: the one duration grammar (flags, policies, the API server's `?timeout=`).
 //! - [`cap`]: the placement cap: requests on a node against a share of its raw allocatable.
 //! - [`node`]: the node rule: raw detection, ratios, the annotations it keeps its memory in.
 //! - [`pod`]: the pod rule: default requests, request-to-limit.
