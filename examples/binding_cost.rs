@@ -12,12 +12,10 @@
 //! Run it with 1 and with N+1 iterations: the difference of the two totals over N is the cost of
 //! one binding check, without process start-up. Also prints wall time per check.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube_overcommit::metrics::Metrics;
 use kube_overcommit::placement::{self, CapOutcome};
 use kube_overcommit::sources::placement::WatchedPlacement;
 use kube_overcommit::sources::pod_cache::PodCache;
@@ -65,7 +63,7 @@ fn main() -> anyhow::Result<()> {
     let policies = parse_policy_file(POLICY)
         .and_then(PolicySet::new)
         .context("policy")?;
-    let pods = PodCache::new(Arc::new(Metrics::new()));
+    let pods = PodCache::new(kube_overcommit::sources::metrics::UsageMetrics::default());
     let source = WatchedPlacement::new(pods.clone(), None);
     let node: Node = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "bench-capped", "labels": {"overcommit.dev/bench-cap": "true"}},

@@ -24,13 +24,15 @@ use crate::events::{EventMetrics, Recorder};
 use crate::leader::{self, LeaderArgs, readiness::ServedCertificate};
 use crate::metrics::Metrics;
 use crate::probes::{self, ProbeArgs, Readiness, ReadyFlag};
+use crate::server::metrics::ServerMetrics;
 use crate::server::serving_cert::{CertReloader, CertResolver};
 use crate::server::{Server, ServerArgs, tls_config};
 use crate::shutdown::{self, Signal, Trigger};
+use crate::sources::metrics::{PolicyMetrics, UsageMetrics};
 use crate::sources::pod_cache::PodCache;
 use crate::sources::usage::UsageCaches;
 use crate::sources::{self, PolicyStore, SourceArgs, file::FileSource};
-use crate::webhook::Webhook;
+use crate::webhook::{Webhook, WebhookMetrics};
 
 /// Flags of `serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -241,15 +243,20 @@ async fn start(
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let cert_ready = shared.readiness.condition("certificate", false);
     let policies_synced = shared.readiness.condition("policies", false);
-    let (resolver, reloader) = load_certificate(args, shared, provider.clone(), cert_ready);
-    let store = PolicyStore::new(shared.metrics.clone(), policies_synced);
+    // Each part registers its own metrics in the one registry.
+    let server_metrics = shared.metrics.with_registry(ServerMetrics::new);
+    let (resolver, reloader) =
+        load_certificate(args, shared, provider.clone(), cert_ready, &server_metrics);
+    let policy_metrics = shared.metrics.with_registry(PolicyMetrics::new);
+    let store = PolicyStore::new(policy_metrics, policies_synced);
     let source = start_policy_source(args, shared, store.clone())?;
     let in_process = in_process_context(args, shared, &store).await?;
     let path = in_process.path;
 
     // The lean pod index both the usage rule and the request cap read, fed by one pod watch.
-    let pods = PodCache::new(shared.metrics.clone());
-    let usage = UsageCaches::new(shared.metrics.clone(), args.usage_interval, pods.clone());
+    let usage_metrics = shared.metrics.with_registry(UsageMetrics::new);
+    let pods = PodCache::new(usage_metrics.clone());
+    let usage = UsageCaches::new(usage_metrics, args.usage_interval, pods.clone());
     let (detail, in_force) = (usage.clone(), store.clone());
     shared.readiness.add_detail("usage", move || {
         detail.detail(in_force.current().has_usage())
@@ -257,25 +264,19 @@ async fn start(
     let (events, events_task) = start_events(args, shared).await;
     let (placement, placement_tasks) = start_placement(args, shared, &pods, &events).await?;
     let usage_task = start_usage(args, shared, store.clone(), usage.clone(), args.request_cap)?;
-    let webhook = Arc::new(Webhook {
-        policies: store.cell(),
-        settings: Settings {
-            own_namespace: shared.namespace.clone(),
-            heartbeat_refresh: args.heartbeat_refresh,
-            clock: Clock::System,
-            usage: Some(usage),
-            in_process: in_process.flag.clone(),
-        },
-        metrics: shared.metrics.clone(),
-        max_body_bytes: usize::try_from(args.server.max_body_bytes).unwrap_or(usize::MAX),
-        body_timeout: args.server.body_read_timeout,
-        placement,
-    });
+    let settings = Settings {
+        own_namespace: shared.namespace.clone(),
+        heartbeat_refresh: args.heartbeat_refresh,
+        clock: Clock::System,
+        usage: Some(usage),
+        in_process: in_process.flag.clone(),
+    };
+    let webhook = webhook(args, shared, &store, settings, placement);
     let server = Server::bind(
         &args.server,
         tls_config(&args.server, provider, resolver.clone())?,
         webhook,
-        shared.metrics.clone(),
+        server_metrics,
     )
     .await?;
     let webhook_addr = server.local_addr()?;
@@ -314,6 +315,24 @@ async fn start(
     })
 }
 
+/// The handler of both endpoints, with its metrics.
+fn webhook(
+    args: &ServeArgs,
+    shared: &Shared,
+    store: &PolicyStore,
+    settings: Settings,
+    placement: Option<Arc<dyn crate::placement::PlacementSource>>,
+) -> Arc<Webhook> {
+    Arc::new(Webhook {
+        policies: store.cell(),
+        settings,
+        metrics: shared.metrics.with_registry(WebhookMetrics::new),
+        max_body_bytes: usize::try_from(args.server.max_body_bytes).unwrap_or(usize::MAX),
+        body_timeout: args.server.body_read_timeout,
+        placement,
+    })
+}
+
 /// The static policies' path (`--mode`, decided once here) and what the in-process parts share.
 async fn in_process_context(
     args: &ServeArgs,
@@ -334,7 +353,9 @@ async fn in_process_context(
         heartbeat_refresh: args.heartbeat_refresh,
         nudger: leader::service_account_user(&shared.namespace, &args.leader.service_account),
         flag: Default::default(),
-        in_force: shared.metrics.in_process_in_force.clone(),
+        in_force: shared
+            .metrics
+            .with_registry(leader::in_process::in_force_gauge),
     })
 }
 
@@ -354,17 +375,18 @@ fn load_certificate(
     shared: &Shared,
     provider: Arc<rustls::crypto::CryptoProvider>,
     cert_ready: ReadyFlag,
+    metrics: &ServerMetrics,
 ) -> (Arc<CertResolver>, CertReloader) {
     let resolver = Arc::new(CertResolver::new());
     let mut reloader = CertReloader::new(
         args.server.tls_dir.clone(),
         resolver.clone(),
         provider,
-        shared.metrics.clone(),
+        metrics.clone(),
         cert_ready,
     );
     reloader.reload();
-    let not_after = shared.metrics.cert_not_after_seconds.clone();
+    let not_after = metrics.cert_not_after_seconds.clone();
     shared
         .readiness
         .add_check("certificate-unexpired", move || {

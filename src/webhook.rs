@@ -22,11 +22,14 @@ use hyper::body::Incoming;
 
 use overcommit_core::duration::parse_duration;
 use overcommit_core::policy::PolicySet;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
+use crate::admission::metrics::ReviewMetrics;
 use crate::admission::{self, Handled, Outcome, Settings};
-use crate::metrics::{
-    FailedOpenLabels, HeartbeatsKeptLabels, Metrics, PlacementLabels, PodReadLabels, RejectLabels,
-};
+use crate::placement::metrics::PlacementMetrics;
 use crate::placement::{self, CapOutcome, PlacementSource};
 use crate::server::Handler;
 use crate::server::budget::{BodyBudget, Exhausted, Reservation};
@@ -42,11 +45,43 @@ const INLINE_BODY_LIMIT: usize = 1024 * 1024;
 /// Buffer to start with when the client did not say how much it sends.
 const DEFAULT_BODY_CAPACITY: usize = 64 * 1024;
 
+/// HTTP responses that never reached admission (`status` label), e.g. 404, 405, 413, 415.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    pub status: u16,
+}
+
+/// The handler's metrics: each endpoint's, and the refusals both share.
+#[derive(Clone, Debug)]
+pub struct WebhookMetrics {
+    pub reviews: ReviewMetrics,
+    pub placement: PlacementMetrics,
+    /// Requests refused before admission, by HTTP status.
+    pub http_rejects: Family<RejectLabels, Counter>,
+}
+
+impl WebhookMetrics {
+    /// Create and register them (the endpoints' through their parts).
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            reviews: ReviewMetrics::new(registry),
+            placement: PlacementMetrics::new(registry),
+            http_rejects: Family::default(),
+        };
+        registry.register(
+            "http_rejects",
+            "Requests refused before admission, by HTTP status",
+            m.http_rejects.clone(),
+        );
+        m
+    }
+}
+
 /// Everything a request needs; shared by all connections.
 pub struct Webhook {
     pub policies: Arc<ArcSwap<PolicySet>>,
     pub settings: Settings,
-    pub metrics: Arc<Metrics>,
+    pub metrics: WebhookMetrics,
     pub max_body_bytes: usize,
     /// Upper bound on reading one body (the API server's `timeout` may shorten it).
     pub body_timeout: Duration,
@@ -106,10 +141,10 @@ impl Webhook {
             Err(refused) => return refused,
         };
         let (response, duration) = match endpoint {
-            Endpoint::Mutate => (self.mutate(&body), &self.metrics.review_duration),
+            Endpoint::Mutate => (self.mutate(&body), &self.metrics.reviews.duration),
             Endpoint::Validate(source) => (
                 self.validate(&body, source).await,
-                &self.metrics.placement_review_duration,
+                &self.metrics.placement.duration,
             ),
         };
         duration.observe(start.elapsed());
@@ -182,14 +217,7 @@ impl Webhook {
                 _ => tracing::debug!(%reason, status = handled.status, "review refused"),
             }
         }
-        self.metrics
-            .count_review(handled.resource, &handled.operation, handled.outcome);
-        self.metrics.count_usage_fallbacks(handled.usage_fallbacks);
-        if handled.heartbeats_kept {
-            let outcome = handled.outcome.into();
-            let labels = HeartbeatsKeptLabels { outcome };
-            self.metrics.heartbeats_kept.get_or_create(&labels).inc();
-        }
+        self.metrics.reviews.record(&handled);
         json_response(handled.status, handled.body)
     }
 
@@ -197,20 +225,7 @@ impl Webhook {
     async fn validate(&self, body: &[u8], source: &dyn PlacementSource) -> Response<Full<Bytes>> {
         let policies = self.policies.load_full();
         let validated = placement::handle_fetching(body, &policies, source).await;
-        if let Some(lookup) = validated.lookup {
-            self.metrics
-                .placement_pod_reads
-                .get_or_create(&PodReadLabels {
-                    result: lookup.into(),
-                })
-                .inc();
-        }
-        if let Some(reason) = validated.failed_open {
-            self.metrics
-                .placement_failed_open
-                .get_or_create(&FailedOpenLabels { reason })
-                .inc();
-        }
+        self.metrics.placement.record(&validated);
         match (validated.outcome, &validated.message) {
             (CapOutcome::Denied | CapOutcome::Warned | CapOutcome::Exempted, Some(message)) => {
                 tracing::info!(
@@ -224,12 +239,6 @@ impl Webhook {
             }
             _ => {}
         }
-        self.metrics
-            .placement_reviews
-            .get_or_create(&PlacementLabels {
-                outcome: validated.outcome.into(),
-            })
-            .inc();
         json_response(validated.status, validated.body)
     }
 

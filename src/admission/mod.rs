@@ -486,6 +486,7 @@ fn bad_request(message: String) -> Handled {
 }
 
 mod answer;
+pub mod metrics;
 mod read;
 mod request;
 

@@ -24,6 +24,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use overcommit_core::policy::PolicySet;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde_json::Value;
 
 use super::in_process_policy::{self, Desired, binding_resource, policy_resource};
@@ -50,8 +51,19 @@ pub struct InProcessContext {
     pub nudger: String,
     /// `admission::Settings::in_process`.
     pub flag: Arc<AtomicBool>,
-    /// `kube_overcommit_in_process_in_force`: the flag, exported.
+    /// `kube_overcommit_in_process_in_force`: the flag, exported ([`in_force_gauge`]).
     pub in_force: Gauge,
+}
+
+/// `kube_overcommit_in_process_in_force`, registered by this part.
+pub fn in_force_gauge(registry: &mut Registry) -> Gauge {
+    let gauge = Gauge::default();
+    registry.register(
+        "in_process_in_force",
+        "In-process mode: 1 while this replica leaves the static policies' nodes to the compiled MutatingAdmissionPolicy (it and its binding are what this replica compiles from the policies in force), 0 while the webhook serves them",
+        gauge.clone(),
+    );
+    gauge
 }
 
 /// The flag from how long the objects have been in force (None: they are not).

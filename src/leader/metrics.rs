@@ -123,11 +123,16 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
-    use crate::metrics::{
-        HeartbeatsKeptLabels, Metrics, OutcomeLabel, PlacementLabels, PodReadLabels,
-        PolicyReloadLabels, PolicySourceLabel, RejectLabels, ReloadLabels, ReloadResult,
-    };
+    use crate::admission::metrics::{HeartbeatsKeptLabels, OutcomeLabel};
+    use crate::metrics::{Metrics, ReloadLabels, ReloadResult};
+    use crate::placement::metrics::{FailedOpenLabels, PlacementLabels, PodReadLabels};
     use crate::placement::{CapOutcome, PlacementError, PodLookup};
+    use crate::server::metrics::ServerMetrics;
+    use crate::sources::metrics::{
+        PolicyMetrics, PolicyReloadLabels, PolicySourceLabel, UsageCache, UsageCacheLabels,
+        UsageMetrics,
+    };
+    use crate::webhook::{RejectLabels, WebhookMetrics};
 
     /// Series name -> label name -> the values seen, from the text format.
     type Series = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
@@ -294,53 +299,66 @@ mod tests {
     #[test]
     fn metrics_disclose_only_the_documented_labels() {
         let m = Metrics::new();
+        // Every part `serve` registers (app.rs), and the leader's.
+        let webhook = m.with_registry(WebhookMetrics::new);
+        let server = m.with_registry(ServerMetrics::new);
+        let policies = m.with_registry(PolicyMetrics::new);
+        let usage = m.with_registry(UsageMetrics::new);
+        m.with_registry(crate::leader::in_process::in_force_gauge);
         let leader = m.with_registry(LeaderMetrics::new);
         // One series in every family that starts empty, so that each label set is encoded.
-        m.heartbeats_kept
+        webhook
+            .reviews
+            .heartbeats_kept
             .get_or_create(&HeartbeatsKeptLabels {
                 outcome: OutcomeLabel::patched,
             })
             .inc();
         for outcome in every_cap_outcome() {
-            m.placement_reviews
+            webhook
+                .placement
+                .reviews
                 .get_or_create(&PlacementLabels {
                     outcome: outcome.into(),
                 })
                 .inc();
         }
         for reason in every_failed_open_reason() {
-            m.placement_failed_open
-                .get_or_create(&crate::metrics::FailedOpenLabels { reason })
+            webhook
+                .placement
+                .failed_open
+                .get_or_create(&FailedOpenLabels { reason })
                 .inc();
         }
         for lookup in every_pod_lookup() {
-            m.placement_pod_reads
+            webhook
+                .placement
+                .pod_reads
                 .get_or_create(&PodReadLabels {
                     result: lookup.into(),
                 })
                 .inc();
         }
-        m.http_rejects
+        webhook
+            .http_rejects
             .get_or_create(&RejectLabels { status: 413 })
             .inc();
         for source in [PolicySourceLabel::crd, PolicySourceLabel::file] {
             for result in [ReloadResult::success, ReloadResult::error] {
-                m.policy_reloads
+                policies
+                    .reloads
                     .get_or_create(&PolicyReloadLabels { source, result })
                     .inc();
             }
         }
         for result in [ReloadResult::success, ReloadResult::error] {
-            m.cert_reloads.get_or_create(&ReloadLabels { result }).inc();
-            m.usage_polls.get_or_create(&ReloadLabels { result }).inc();
+            server.cert_reload(result);
+            usage.polls.get_or_create(&ReloadLabels { result }).inc();
         }
-        for cache in [
-            crate::metrics::UsageCache::pods,
-            crate::metrics::UsageCache::metrics,
-        ] {
-            let labels = crate::metrics::UsageCacheLabels { cache };
-            m.usage_synced.get_or_create(&labels).set(1);
-            m.usage_feeder_running.get_or_create(&labels).set(1);
+        for cache in [UsageCache::pods, UsageCache::metrics] {
+            let labels = UsageCacheLabels { cache };
+            usage.synced.get_or_create(&labels).set(1);
+            usage.feeder_running.get_or_create(&labels).set(1);
         }
         leader.rotation("leaf", "issued");
         leader.rotation("ca", "started");

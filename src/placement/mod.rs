@@ -31,6 +31,7 @@
 
 pub mod denials;
 pub mod ledger;
+pub mod metrics;
 pub mod node;
 pub mod pod;
 

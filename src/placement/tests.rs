@@ -428,7 +428,7 @@ fn the_shared_index_and_the_ledger_give_requested_sums_as_pods_come_and_go() {
     use crate::sources::placement::WatchedPlacement;
     use crate::sources::pod_cache::{PodCache, index_pod};
     use crate::sources::pods::{apply_event, delete_event, relist_event};
-    let pods = PodCache::new(Arc::new(crate::metrics::Metrics::new()));
+    let pods = PodCache::new(crate::sources::metrics::UsageMetrics::default());
     let placement = WatchedPlacement::new(pods.clone(), None);
     let source: &dyn PlacementSource = &placement;
     let cpu = |v| units(&[("cpu", v)]);

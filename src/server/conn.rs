@@ -20,7 +20,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::Handler;
 use super::budget::{BodyBudget, Budget};
-use crate::metrics::Metrics;
+use super::metrics::ServerMetrics;
 use crate::shutdown::Signal;
 
 pub(super) struct Connection<H> {
@@ -28,7 +28,7 @@ pub(super) struct Connection<H> {
     pub(super) handler: Arc<H>,
     pub(super) http1: Arc<auto::Builder<TokioExecutor>>,
     pub(super) http2: Arc<auto::Builder<TokioExecutor>>,
-    pub(super) metrics: Arc<Metrics>,
+    pub(super) metrics: ServerMetrics,
     pub(super) budget: Arc<Budget>,
     pub(super) connection_body_cap: u64,
     pub(super) handshake_timeout: Duration,
@@ -76,7 +76,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-struct OpenGauge(Arc<Metrics>);
+struct OpenGauge(ServerMetrics);
 impl Drop for OpenGauge {
     fn drop(&mut self) {
         self.0.open_connections.dec();

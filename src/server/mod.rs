@@ -6,9 +6,11 @@
 //! - `budget`: the process-wide budget of request-body bytes in flight.
 //! - `serving_cert`: certificate resolver over an `ArcSwap`, reloaded from the TLS directory.
 //! - `conn`: one connection: handshake, protocol by ALPN, header and idle timeouts, drain.
+//! - `metrics`: this part's metrics (certificate, handshakes, connections).
 
 pub mod budget;
 mod conn;
+pub mod metrics;
 pub mod serving_cert;
 
 use std::net::SocketAddr;
@@ -27,9 +29,9 @@ use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 
 use self::budget::{BodyBudget, Budget};
+use self::metrics::ServerMetrics;
 use self::serving_cert::CertResolver;
 use crate::duration::duration_arg;
-use crate::metrics::Metrics;
 use crate::shutdown::Signal;
 
 /// What the server calls for every request; shared by all connections. It answers every
@@ -236,7 +238,7 @@ pub struct Server<H> {
     http1: Arc<auto::Builder<TokioExecutor>>,
     http2: Arc<auto::Builder<TokioExecutor>>,
     args: ServerArgs,
-    metrics: Arc<Metrics>,
+    metrics: ServerMetrics,
     budget: Arc<Budget>,
 }
 
@@ -245,7 +247,7 @@ impl<H: Handler> Server<H> {
         args: &ServerArgs,
         tls: rustls::ServerConfig,
         handler: Arc<H>,
-        metrics: Arc<Metrics>,
+        metrics: ServerMetrics,
     ) -> Result<Self, ServerError> {
         let budget = Arc::new(budget_for(args)?);
         let listener =

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::metrics::{Metrics, ReloadLabels, ReloadResult};
+use super::metrics::ServerMetrics;
+use crate::metrics::ReloadResult;
 use crate::probes::ReadyFlag;
 use crate::shutdown::Signal;
 use arc_swap::ArcSwapOption;
@@ -139,7 +140,7 @@ pub struct CertReloader {
     dir: PathBuf,
     resolver: Arc<CertResolver>,
     provider: Arc<CryptoProvider>,
-    metrics: Arc<Metrics>,
+    metrics: ServerMetrics,
     ready: ReadyFlag,
     /// Digest of the last pair looked at (good or bad), so unchanged files are not re-counted.
     last_seen: Option<[u8; 32]>,
@@ -150,7 +151,7 @@ impl CertReloader {
         dir: PathBuf,
         resolver: Arc<CertResolver>,
         provider: Arc<CryptoProvider>,
-        metrics: Arc<Metrics>,
+        metrics: ServerMetrics,
         ready: ReadyFlag,
     ) -> Self {
         Self {
@@ -222,10 +223,7 @@ impl CertReloader {
     }
 
     fn count(&self, result: ReloadResult) {
-        self.metrics
-            .cert_reloads
-            .get_or_create(&ReloadLabels { result })
-            .inc();
+        self.metrics.cert_reload(result);
     }
 
     /// Reload on every change in the directory (unless `watch_files` is false) and every
@@ -321,14 +319,15 @@ mod tests {
     fn reloader_keeps_last_good_pair() {
         let dir = crate::temp_dir::TempDir::new().expect("tempdir");
         let resolver = Arc::new(CertResolver::new());
-        let metrics = Arc::new(Metrics::new());
+        let metrics = crate::metrics::Metrics::new();
+        let server_metrics = metrics.with_registry(ServerMetrics::new);
         let readiness = crate::probes::Readiness::new();
         let flag = readiness.condition("certificate", false);
         let mut r = CertReloader::new(
             dir.path().to_owned(),
             resolver.clone(),
             Arc::new(provider()),
-            metrics.clone(),
+            server_metrics,
             flag.clone(),
         );
         assert!(!r.reload());

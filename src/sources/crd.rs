@@ -10,7 +10,8 @@
 use std::collections::BTreeMap;
 
 use super::PolicyStore;
-use crate::metrics::{PolicySourceLabel, ReloadResult};
+use super::metrics::PolicySourceLabel;
+use crate::metrics::ReloadResult;
 use crate::shutdown::Signal;
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -138,7 +139,7 @@ pub async fn run(client: kube::Client, store: PolicyStore, shutdown: Signal) {
         };
         let metrics = store.metrics.clone();
         let mut refused = |name: &str, reason: &str| {
-            metrics.policies_refused.inc();
+            metrics.refused.inc();
             tracing::error!(policy = name, %reason, "OvercommitPolicy refused; not applied (an earlier valid version, if any, stays in use)");
         };
         if state.apply(event, &mut refused) == Applied::Rebuild {

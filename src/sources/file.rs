@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::PolicyStore;
-use crate::metrics::{PolicySourceLabel, ReloadResult};
+use super::metrics::PolicySourceLabel;
+use crate::metrics::ReloadResult;
 use crate::shutdown::Signal;
 use overcommit_core::policy::{PolicySet, parse_policy_file};
 use sha2::{Digest, Sha256};

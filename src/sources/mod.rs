@@ -4,6 +4,7 @@
 
 pub mod crd;
 pub mod file;
+pub mod metrics;
 pub mod node_metrics;
 pub mod placement;
 pub mod pod_cache;
@@ -18,7 +19,8 @@ use arc_swap::ArcSwap;
 use kube::api::{Api, ListParams, ObjectList};
 use serde::de::DeserializeOwned;
 
-use crate::metrics::{Metrics, PolicyReloadLabels, PolicySourceLabel, ReloadResult};
+use self::metrics::{PolicyMetrics, PolicyReloadLabels, PolicySourceLabel};
+use crate::metrics::ReloadResult;
 use crate::probes::ReadyFlag;
 use overcommit_core::policy::PolicySet;
 
@@ -49,14 +51,14 @@ pub enum SourceError {
 pub struct PolicyStore {
     current: Arc<ArcSwap<PolicySet>>,
     synced: ReadyFlag,
-    metrics: Arc<Metrics>,
+    metrics: PolicyMetrics,
     /// Woken at every publish (the leader rebuilds the compiled policy at once).
     published: Arc<tokio::sync::Notify>,
 }
 
 impl PolicyStore {
     /// `synced` is the readiness condition that turns true with the first published set.
-    pub fn new(metrics: Arc<Metrics>, synced: ReadyFlag) -> Self {
+    pub fn new(metrics: PolicyMetrics, synced: ReadyFlag) -> Self {
         Self {
             current: Arc::new(ArcSwap::from_pointee(PolicySet::default())),
             synced,
@@ -86,7 +88,7 @@ impl PolicyStore {
     fn publish(&self, set: PolicySet, source: PolicySourceLabel) {
         let n = set.len();
         self.current.store(Arc::new(set));
-        self.metrics.policies_loaded.set(n as i64);
+        self.metrics.loaded.set(n as i64);
         self.count(source, ReloadResult::success);
         self.synced.set(true);
         self.published.notify_waiters();
@@ -94,7 +96,7 @@ impl PolicyStore {
 
     fn count(&self, source: PolicySourceLabel, result: ReloadResult) {
         self.metrics
-            .policy_reloads
+            .reloads
             .get_or_create(&PolicyReloadLabels { source, result })
             .inc();
     }

@@ -10,19 +10,19 @@ use k8s_openapi::api::core::v1::Pod;
 use overcommit_core::pod_index::{Observed, Phase, PodIndex, Requested};
 use overcommit_core::quantity::QuantityError;
 
-use crate::metrics::{Metrics, UsageCache, UsageCacheLabels};
+use super::metrics::{UsageCache, UsageMetrics};
 
 /// The shared lean pod index, and whether the watch has listed every pod since it started.
 #[derive(Debug)]
 pub struct PodCache {
     index: RwLock<PodIndex>,
     synced: AtomicBool,
-    metrics: Arc<Metrics>,
+    metrics: UsageMetrics,
 }
 
 impl PodCache {
     /// Empty, not synced (`kube_overcommit_usage_synced{cache="pods"}` 0).
-    pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(metrics: UsageMetrics) -> Arc<Self> {
         let cache = Self {
             index: RwLock::new(PodIndex::default()),
             synced: AtomicBool::new(false),
@@ -50,17 +50,12 @@ impl PodCache {
 
     fn set_synced(&self, synced: bool) {
         self.synced.store(synced, Ordering::Release);
-        self.metrics
-            .usage_synced
-            .get_or_create(&UsageCacheLabels {
-                cache: UsageCache::pods,
-            })
-            .set(i64::from(synced));
+        self.metrics.set_synced(UsageCache::pods, synced);
     }
 
     fn count(&self, len: usize) {
         self.metrics
-            .usage_pods
+            .pods
             .set(i64::try_from(len).unwrap_or(i64::MAX));
     }
 

@@ -25,10 +25,11 @@ use overcommit_core::node::history::{Poll, Sample, UsageHistory};
 use overcommit_core::node::usage::NodeUsage;
 
 use super::PolicyStore;
+use super::metrics::{UsageCache, UsageCacheLabels, UsageMetrics};
 use super::node_metrics::{self, MetricsError, NodeSample};
 use super::pod_cache::PodCache;
 use crate::admission::{Clock, NodeUsageSource};
-use crate::metrics::{Metrics, ReloadLabels, ReloadResult, UsageCache, UsageCacheLabels};
+use crate::metrics::{ReloadLabels, ReloadResult};
 use crate::shutdown::Signal;
 
 /// Samples are kept this long before the first usage policy says otherwise.
@@ -39,7 +40,7 @@ const DEFAULT_KEEP: Duration = Duration::from_secs(15 * 60);
 pub struct UsageCaches {
     pods: Arc<PodCache>,
     history: RwLock<UsageHistory>,
-    metrics: Arc<Metrics>,
+    metrics: UsageMetrics,
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -55,7 +56,7 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 impl UsageCaches {
     /// `poll_interval`: `--usage-interval` (a sample's staleness is counted in it); `pods`: the
     /// shared pod index.
-    pub fn new(metrics: Arc<Metrics>, poll_interval: Duration, pods: Arc<PodCache>) -> Arc<Self> {
+    pub fn new(metrics: UsageMetrics, poll_interval: Duration, pods: Arc<PodCache>) -> Arc<Self> {
         let caches = Self {
             pods,
             history: RwLock::new(UsageHistory::new(DEFAULT_KEEP, poll_interval)),
@@ -74,7 +75,7 @@ impl UsageCaches {
             (UsageCache::pods, running.pod_watch),
         ] {
             self.metrics
-                .usage_feeder_running
+                .feeder_running
                 .get_or_create(&UsageCacheLabels { cache })
                 .set(i64::from(on));
         }
@@ -84,14 +85,11 @@ impl UsageCaches {
     fn clear_metrics(&self) {
         write(&self.history).clear();
         self.set_synced_gauge(UsageCache::metrics, false);
-        self.metrics.usage_nodes.set(0);
+        self.metrics.nodes.set(0);
     }
 
     fn set_synced_gauge(&self, cache: UsageCache, synced: bool) {
-        self.metrics
-            .usage_synced
-            .get_or_create(&UsageCacheLabels { cache })
-            .set(i64::from(synced));
+        self.metrics.set_synced(cache, synced);
     }
 
     /// The shared pod index this reads.
@@ -136,7 +134,7 @@ impl UsageCaches {
         drop(history);
         self.set_synced_gauge(UsageCache::metrics, synced);
         self.metrics
-            .usage_nodes
+            .nodes
             .set(i64::try_from(nodes).unwrap_or(i64::MAX));
         let result = if polled.is_ok() {
             ReloadResult::success
@@ -144,7 +142,7 @@ impl UsageCaches {
             ReloadResult::error
         };
         self.metrics
-            .usage_polls
+            .polls
             .get_or_create(&ReloadLabels { result })
             .inc();
     }
@@ -349,7 +347,8 @@ pub async fn run<F, Fut, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::PolicySourceLabel;
+    use crate::metrics::Metrics;
+    use crate::sources::metrics::{PolicyMetrics, PolicySourceLabel};
     use crate::sources::pod_cache::index_pod;
     use k8s_openapi::api::core::v1::Pod;
     use overcommit_core::node::usage::UsageView;
@@ -400,12 +399,9 @@ mod tests {
 
     #[test]
     fn views_follow_pods_and_polls_and_say_when_not_synced() {
-        let metrics = Arc::new(Metrics::new());
-        let caches = UsageCaches::new(
-            metrics.clone(),
-            Duration::from_secs(30),
-            PodCache::new(metrics.clone()),
-        );
+        let metrics = Metrics::new();
+        let usage = metrics.with_registry(UsageMetrics::new);
+        let caches = UsageCaches::new(usage.clone(), Duration::from_secs(30), PodCache::new(usage));
         assert_eq!(caches.detail(false), None); // no usage policy: nothing to say
         assert!(
             caches
@@ -514,13 +510,11 @@ mod tests {
     /// Metrics, caches (30 s polls) and an empty policy store.
     fn parts() -> (Arc<Metrics>, Arc<UsageCaches>, PolicyStore) {
         let metrics = Arc::new(Metrics::new());
-        let caches = UsageCaches::new(
-            metrics.clone(),
-            Duration::from_secs(30),
-            PodCache::new(metrics.clone()),
-        );
+        let usage = metrics.with_registry(UsageMetrics::new);
+        let caches = UsageCaches::new(usage.clone(), Duration::from_secs(30), PodCache::new(usage));
         let readiness = crate::probes::Readiness::new();
-        let store = PolicyStore::new(metrics.clone(), readiness.condition("policies", false));
+        let policies = metrics.with_registry(PolicyMetrics::new);
+        let store = PolicyStore::new(policies, readiness.condition("policies", false));
         (metrics, caches, store)
     }
 
