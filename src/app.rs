@@ -268,7 +268,7 @@ async fn start(
         own_namespace: shared.namespace.clone(),
         heartbeat_refresh: args.heartbeat_refresh,
         clock: Clock::System,
-        usage: Some(usage),
+        usage: Some(usage.clone()),
         in_process: in_process.flag.clone(),
     };
     let webhook = webhook(args, shared, &store, settings, placement);
@@ -296,7 +296,7 @@ async fn start(
     ));
     let probes = tokio::spawn(probe_serve);
     let server = tokio::spawn(server.run(shared.shutdown.clone()));
-    let leader = start_leader(args, shared, resolver, in_process, events).await?;
+    let leader = start_leader(args, shared, resolver, in_process, events, usage).await?;
     if path == crate::mode::Path::InProcess && leader.is_none() {
         anyhow::bail!(
             "--mode {}: the leader keeps the compiled policy, and the leader part is off (--leader-election=false)",
@@ -549,10 +549,12 @@ async fn start_leader(
     served: Arc<CertResolver>,
     in_process: leader::in_process::InProcessContext,
     events: Recorder,
+    usage: Arc<UsageCaches>,
 ) -> anyhow::Result<Option<leader::Running>> {
     let context = leader::ServeContext {
         in_process,
         events,
+        usage: (usage, args.usage_interval),
         metrics: shared.metrics.clone(),
         namespace: shared.namespace.clone(),
         request_cap: args.request_cap,

@@ -8,6 +8,7 @@
 //! - [`pod`]: the pod rule: default requests, request-to-limit.
 //! - [`pod_index`]: per-node sums of pod requests, for the usage rule.
 //! - [`policy`]: OvercommitPolicy (the CRD type), validation, choosing the policy for a node.
+//! - [`pressure`]: the pressure taint: which nodes are tainted for high usage, and when not.
 //! - [`quantity`]: Kubernetes quantities and ratios, exact.
 //! - [`patch`]: JSON Patch operations.
 
@@ -21,6 +22,7 @@ pub mod pod;
 pub mod pod_index;
 pub mod policy;
 pub mod policy_report;
+pub mod pressure;
 pub mod quantity;
 pub mod requests;
 pub mod rollout;

@@ -34,6 +34,8 @@
 //!   `overcommit_core::policy_report`.
 //! - `nudge` (pure) and `nudger` (its I/O): while leading, an empty status PATCH to each node
 //!   the policies would change, so that a policy change reaches nodes whose kubelet is quiet.
+//! - `pressure`: while leading, the taint `overcommit.dev/pressure:NoSchedule` on nodes whose
+//!   usage is above a policy's high watermark (`spec.pressure`), until it held below low.
 //! - `raw_allocatable_gauge`: while leading, `kube_overcommit_node_raw_allocatable` from a metadata-only
 //!   watch of nodes (`raw_allocatable`: the pure reading of the annotation); cleared when
 //!   leadership is lost, so one replica per cluster exports it.
@@ -52,6 +54,7 @@ pub mod node_events;
 pub mod nudge;
 pub mod nudger;
 pub mod policy_status;
+pub mod pressure;
 pub mod raw_allocatable;
 pub mod raw_allocatable_gauge;
 pub mod readiness;
@@ -87,12 +90,14 @@ use self::election::{Claim, ElectionSettings};
 use self::in_process::InProcessContext;
 use self::metrics::LeaderMetrics;
 use self::nudger::{NudgeMetrics, NudgeSettings};
+use self::pressure::{PressureContext, PressureMetrics};
 use self::readiness::{ReadinessCheck, ServedCertificate};
 use self::webhook_config::WebhookSettings;
 use crate::duration::duration_arg;
 use crate::events::Recorder;
 use crate::metrics::Metrics;
 use crate::shutdown::Signal;
+use crate::sources::usage::UsageCaches;
 
 fn timeout_arg(text: &str) -> Result<i32, String> {
     let n: i64 = text
@@ -323,12 +328,14 @@ impl Running {
     }
 }
 
-/// What the leader part reports through: its metrics, and Events.
+/// What the leader part reports through: its metrics, and Events; and what the pressure taint
+/// reads (the usage caches).
 #[derive(Clone)]
 pub struct Reporting {
     pub leader: LeaderMetrics,
     pub nudge: NudgeMetrics,
     pub events: Recorder,
+    pub pressure: PressureContext,
 }
 
 /// Start the replica report, the caBundle watch and (when enabled) the election with the
@@ -346,6 +353,7 @@ pub fn start(
         leader: metrics,
         nudge,
         events,
+        pressure,
     } = reporting;
     args.validate()?;
     let identity = args.identity()?;
@@ -386,7 +394,7 @@ pub fn start(
             client,
             args,
             &identity,
-            (metrics, nudge, events),
+            (metrics, nudge, events, pressure),
             in_process,
             shutdown,
         );
@@ -408,7 +416,7 @@ fn start_election(
     client: Client,
     args: &LeaderArgs,
     identity: &str,
-    (metrics, nudge, events): (LeaderMetrics, NudgeMetrics, Recorder),
+    (metrics, nudge, events, pressure): (LeaderMetrics, NudgeMetrics, Recorder, PressureContext),
     in_process: InProcessContext,
     shutdown: Signal,
 ) -> (Claim, JoinHandle<()>, JoinHandle<()>) {
@@ -431,7 +439,7 @@ fn start_election(
         client,
         args.controller(),
         claim.clone(),
-        (metrics, nudge, args.nudge(), events),
+        (metrics, nudge, args.nudge(), events, pressure),
         in_process,
         shutdown,
     ));
@@ -443,7 +451,13 @@ async fn supervise(
     client: Client,
     settings: ControllerSettings,
     claim: Claim,
-    (metrics, nudge_metrics, nudge, events): (LeaderMetrics, NudgeMetrics, NudgeSettings, Recorder),
+    (metrics, nudge_metrics, nudge, events, pressure): (
+        LeaderMetrics,
+        NudgeMetrics,
+        NudgeSettings,
+        Recorder,
+        PressureContext,
+    ),
     in_process: InProcessContext,
     shutdown: Signal,
 ) {
@@ -480,6 +494,13 @@ async fn supervise(
             nudge.clone(),
             nudge_metrics.clone(),
         ));
+        let pressure_task = tokio::spawn(pressure::run(
+            client.clone(),
+            in_process.policies.clone(),
+            claim.clone(),
+            pressure.clone(),
+            events.clone(),
+        ));
         let mut ended_by_itself = false;
         let mut stopping = false;
         tokio::select! {
@@ -491,8 +512,11 @@ async fn supervise(
         node_task.abort();
         status_task.abort();
         nudge_task.abort();
+        pressure_task.abort();
         let _ = nudge_task.await;
         nudge_metrics.clear();
+        let _ = pressure_task.await;
+        pressure.metrics.clear();
         // Only once the task has stopped can no late update bring a series back.
         let _ = node_task.await;
         raw_allocatable_gauge::clear(&metrics);
@@ -604,6 +628,8 @@ pub struct ServeContext {
     pub events: Recorder,
     /// `serve`'s one client, or why there is none.
     pub client: Result<Client, String>,
+    /// The usage caches and `--usage-interval`, which the pressure taint reads.
+    pub usage: (Arc<UsageCaches>, Duration),
 }
 
 /// Start the leader part inside `serve`: the namespace comes from `serve`, metrics go to the
@@ -632,6 +658,11 @@ pub async fn start_in_serve(
         leader: context.metrics.with_registry(LeaderMetrics::new),
         nudge: context.metrics.with_registry(NudgeMetrics::new),
         events: context.events,
+        pressure: PressureContext {
+            usage: context.usage.0,
+            interval: context.usage.1,
+            metrics: context.metrics.with_registry(PressureMetrics::new),
+        },
     };
     start(
         client,

@@ -12,7 +12,7 @@
 //! and the usage rule keeps the stored allocatable (`FallbackReason::NotSynced` when there is
 //! none to keep); `/readyz` says so in a detail line, `kube_overcommit_usage_synced` in a gauge.
 //!
-//! The feeders run only while a policy with `spec.usage` is in force ([`feeders`], applied by
+//! The feeders run only while a policy with `spec.usage` or `spec.pressure` is in force ([`feeders`], applied by
 //! [`run`]): the poller, and the pod watch unless the request cap's watch feeds the index
 //! already. A feeder that stops takes its cache with it (cleared, not synced), so a usage
 //! policy that appears later starts from a fresh list and poll, never from old samples.
@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use overcommit_core::node::history::{Poll, Sample, UsageHistory};
 use overcommit_core::node::usage::NodeUsage;
+use overcommit_core::pressure::Polled;
 
 use super::PolicyStore;
 use super::metrics::{UsageCache, UsageCacheLabels, UsageMetrics};
@@ -174,6 +175,19 @@ impl UsageCaches {
     }
 }
 
+impl UsageCaches {
+    /// What the last polls gave for `node`: its newest sample (the pressure taint's input).
+    pub fn polled(&self, node: &str) -> Polled {
+        let history = read(&self.history);
+        Polled {
+            synced: history.synced(),
+            metrics_failing: history.last_failed(),
+            sample: history.latest(node),
+            poll_interval_ms: history.poll_interval_ms(),
+        }
+    }
+}
+
 impl NodeUsageSource for UsageCaches {
     fn node_usage(&self, node: &str, window: Duration) -> Option<NodeUsage> {
         let requested = self.pods.read().requested(node);
@@ -287,7 +301,9 @@ pub async fn run<F, Fut, E>(
             _ = tick.tick() => {}
             _ = shutdown.stopped() => break,
         }
-        let want = feeders(store.current().has_usage(), cap_watch);
+        let current = store.current();
+        // The pressure taint reads the poller's samples too (not the pod index).
+        let want = feeders(current.has_usage() || current.has_pressure(), cap_watch);
         let own_watch = want.pod_watch && !cap_watch;
         if (want.poller && poller.is_none()) || (own_watch && pod_watch.is_none()) {
             if built.is_none() {

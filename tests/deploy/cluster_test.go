@@ -509,7 +509,8 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{true, "watch", "", "nodes", "", ""},
 		{false, "get", "", "nodes", "some-node", ""},
 		{false, "update", "", "nodes", "some-node", ""},
-		{false, "patch", "", "nodes", "some-node", ""},
+		// The leader's pressure taint (the node guard bounds it to its own taint key).
+		{true, "patch", "", "nodes", "some-node", ""},
 		// The leader's nudges (an empty status patch; the node guard bounds what it may change).
 		{true, "patch", "", "nodes/status", "some-node", ""},
 		{false, "update", "", "nodes/status", "some-node", ""},

@@ -679,6 +679,9 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 			allowed[grant{"metrics.k8s.io", "nodes", "", "list"}] = true
 			// The leader's nudges: an empty merge patch of node status (the node guard bounds it).
 			allowed[grant{"", "nodes/status", "", "patch"}] = true
+			// The leader's pressure taint: a patch of the node's taints (the node guard bounds it
+			// to the taint of key overcommit.dev/pressure, effect NoSchedule).
+			allowed[grant{"", "nodes", "", "patch"}] = true
 			// Events on nodes and policies, in `default` (cluster-scoped objects' Events).
 			events := convert[rbacv1.Role](t, mustFind(t, objs, "Role", "kube-overcommit-events"))
 			if events.Namespace != "default" {

@@ -682,6 +682,7 @@ mod tests {
             pod_defaults: None,
             usage: None,
             cap: None,
+            pressure: None,
             generation: None,
             applied_listed: Default::default(),
         }

@@ -178,6 +178,17 @@ impl UsageHistory {
         }
     }
 
+    /// The newest sample of `node` (for the pressure taint, which judges the latest usage, not
+    /// the peak of a window).
+    pub fn latest(&self, node: &str) -> Option<Sample> {
+        self.nodes.get(node)?.samples.back().copied()
+    }
+
+    /// How often the metrics API is polled, ms.
+    pub fn poll_interval_ms(&self) -> u64 {
+        self.poll_interval_ms
+    }
+
     /// Nodes with samples (for a gauge).
     pub fn nodes(&self) -> usize {
         self.nodes.len()

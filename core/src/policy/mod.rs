@@ -21,6 +21,7 @@
 //! so the webhook itself cannot check them). kube-system and the webhook's own namespace are
 //! excluded in code as well.
 
+mod pressure;
 mod rollout;
 mod schema;
 mod selector;
@@ -37,6 +38,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::quantity::{Quantity, Ratio};
+pub use pressure::{CompiledPressure, PressureSpec, Watermarks, WatermarksSpec};
 pub use rollout::{CompiledRollout, DEFAULT_STEP_INTERVAL, RolloutSpec, StepSize};
 pub use selector::{LabelLookup, NoLabels, Requirement, Selector};
 pub use status::{OvercommitPolicyStatus, PolicyCondition, RolloutStatus};
@@ -120,6 +122,13 @@ pub struct OvercommitPolicySpec {
     /// Not with usage. See docs/policy.md, "Staged rollout".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutSpec>,
+    /// The pressure taint: per resource, a node whose usage rises above `high` (a share of the
+    /// kubelet's raw allocatable) is tainted `overcommit.dev/pressure:NoSchedule` until usage
+    /// has stayed below `low` for `holdTime`. Needs nodeRatios or usage. See docs/policy.md,
+    /// "Pressure".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "pressure::schema")]
+    pub pressure: Option<PressureSpec>,
 }
 
 /// What a binding over the request cap gets.
@@ -177,6 +186,8 @@ pub struct CompiledPolicy {
     pub usage: Option<CompiledUsage>,
     /// `spec.requestCap` and `spec.capMode`; None when the policy sets no cap.
     pub cap: Option<CompiledCap>,
+    /// `spec.pressure`, validated (None: no pressure taint).
+    pub pressure: Option<CompiledPressure>,
     /// `metadata.generation` (None: a policy from a file, which has none): recorded in the
     /// `overcommit.dev/applied` annotation, so that the policy's status can count the nodes
     /// carrying its current spec.
@@ -206,6 +217,8 @@ pub struct PolicySet {
     pod_defaults: Option<usize>,
     /// Whether any policy has `spec.usage` (else nobody needs to look usage up).
     usage: bool,
+    /// Whether any policy has `spec.pressure` (else the leader judges no node's pressure).
+    pressure: bool,
     /// `spec.rollout` of the policies that have one, by name.
     rollouts: Arc<BTreeMap<String, CompiledRollout>>,
 }
@@ -264,10 +277,12 @@ impl PolicySet {
         }
         let pod_defaults = compiled.iter().position(|p| p.pod_defaults.is_some());
         let usage = compiled.iter().any(|p| p.usage.is_some());
+        let pressure = compiled.iter().any(|p| p.pressure.is_some());
         Ok(Self {
             compiled: Arc::new(compiled),
             pod_defaults,
             usage,
+            pressure,
             rollouts: Arc::new(rollouts),
         })
     }
@@ -294,6 +309,11 @@ impl PolicySet {
     /// Whether any policy has `spec.usage`: only then is a node's usage worth looking up.
     pub fn has_usage(&self) -> bool {
         self.usage
+    }
+
+    /// Whether any policy has `spec.pressure`: only then are nodes' pressure taints kept.
+    pub fn has_pressure(&self) -> bool {
+        self.pressure
     }
 
     /// The longest `spec.usage.window` of any policy (None: no usage policy): how long the
@@ -457,6 +477,7 @@ fn unknown_field(document: &serde_yaml::Value) -> Option<String> {
                 "requestCap",
                 "capMode",
                 "rollout",
+                "pressure",
             ],
         )
     })
@@ -466,6 +487,15 @@ fn unknown_field(document: &serde_yaml::Value) -> Option<String> {
             "spec.rollout",
             &["maxNodesPerStep", "stepInterval", "paused"],
         )
+    })
+    .or_else(|| {
+        let pressure = spec.and_then(|s| s.get("pressure"));
+        check(pressure, "spec.pressure", &["holdTime", "cpu", "memory"]).or_else(|| {
+            ["cpu", "memory"].iter().find_map(|r| {
+                let path = format!("spec.pressure.{r}");
+                check(pressure.and_then(|p| p.get(*r)), &path, &["high", "low"])
+            })
+        })
     })
     .or_else(|| {
         check(

@@ -189,6 +189,10 @@ pub(super) fn spec_rules() -> serde_json::Value {
             "message": "a nodeRatios fallback may not be above the resource's usage.maxRatios"
         },
         {
+            "rule": "!has(self.pressure) || (has(self.nodeRatios) && size(self.nodeRatios) > 0) || has(self.usage)",
+            "message": "spec.pressure needs spec.nodeRatios or spec.usage (a policy with neither applies to no node)"
+        },
+        {
             "rule": "!has(self.capMode) || has(self.requestCap)",
             "message": "spec.capMode needs spec.requestCap"
         },

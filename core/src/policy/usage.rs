@@ -178,7 +178,7 @@ pub(super) fn compile(
 }
 
 /// A whole percent `N%` within `range`.
-fn percent(text: &str, range: std::ops::RangeInclusive<u32>) -> Result<Percent, String> {
+pub(super) fn percent(text: &str, range: std::ops::RangeInclusive<u32>) -> Result<Percent, String> {
     let refuse = || {
         format!(
             "{text:?} must be a whole percent from {}% to {}%",
@@ -206,6 +206,16 @@ fn percent(text: &str, range: std::ops::RangeInclusive<u32>) -> Result<Percent, 
 
 /// A window: `<integer><unit>` groups, units ms, s, m, h, within `WINDOW_RANGE`.
 fn window(text: &str) -> Result<Duration, String> {
+    let duration = cel_duration(text)?;
+    if !WINDOW_RANGE.contains(&duration) {
+        return Err(format!("{text} must be from 1m to 24h"));
+    }
+    Ok(duration)
+}
+
+/// A duration the API server's CEL `duration()` reads the same way: `<integer><unit>` groups,
+/// units ms, s, m, h (no bare seconds, no days). The caller checks the range.
+pub(super) fn cel_duration(text: &str) -> Result<Duration, String> {
     let grammar = || {
         format!("{text:?} must be <integer><unit> groups with units ms, s, m, h (e.g. 15m, 1h30m)")
     };
@@ -224,11 +234,7 @@ fn window(text: &str) -> Result<Duration, String> {
             .find_map(|unit| rest.strip_prefix(unit))
             .ok_or_else(grammar)?;
     }
-    let duration = parse_duration(text).map_err(|e| e.to_string())?;
-    if !WINDOW_RANGE.contains(&duration) {
-        return Err(format!("{text} must be from 1m to 24h"));
-    }
-    Ok(duration)
+    parse_duration(text).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -60,7 +60,18 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         Some(usage) => Some(super::usage::compile(usage, &ratios).map_err(invalid)?),
         None => None,
     };
-    let cap = compile_cap(policy, &ratios, usage.as_ref()).map_err(invalid)?;
+    let cap = compile_cap(policy, &ratios, usage.as_ref()).map_err(&invalid)?;
+    let pressure = match &spec.pressure {
+        Some(_) if spec.node_ratios.is_empty() && usage.is_none() => {
+            return Err(invalid(
+                "spec.pressure needs spec.nodeRatios or spec.usage (a policy with neither \
+                 applies to no node)"
+                    .into(),
+            ));
+        }
+        Some(pressure) => Some(super::pressure::compile(pressure).map_err(invalid)?),
+        None => None,
+    };
     Ok(CompiledPolicy {
         name,
         priority: spec.priority,
@@ -69,6 +80,7 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         pod_defaults,
         usage,
         cap,
+        pressure,
         generation: policy.metadata.generation,
         applied_listed: Default::default(),
     })

@@ -398,13 +398,19 @@ func TestNodeGuard(t *testing.T) {
 			t.Errorf("status write changing %s: want refused by kube-overcommit-node-guard, got %v", r.name, err)
 		}
 	}
-	// Writes of the node itself (spec, taints, unschedulable, labels), its creation and
-	// deletion: refused whatever they change.
+	// Writes of the node itself changing more than the pressure taint (another taint,
+	// unschedulable, providerID, our taint with another effect), its creation and deletion:
+	// refused.
 	for name, write := range map[string]func() error{
-		"taints":                  func() error { return mergePatch(`{"spec":{"taints":[{"key":"guard","effect":"NoSchedule"}]}}`) },
-		"unschedulable":           func() error { return mergePatch(`{"spec":{"unschedulable":true}}`) },
-		"providerID":              func() error { return mergePatch(`{"spec":{"providerID":"guard://x"}}`) },
-		"empty patch of the node": func() error { return mergePatch(`{}`) },
+		"another taint": func() error { return mergePatch(`{"spec":{"taints":[{"key":"guard","effect":"NoSchedule"}]}}`) },
+		"another taint with ours": func() error {
+			return mergePatch(`{"spec":{"taints":[{"key":"guard","effect":"NoSchedule"},{"key":"overcommit.dev/pressure","value":"cpu","effect":"NoSchedule"}]}}`)
+		},
+		"our taint, NoExecute": func() error {
+			return mergePatch(`{"spec":{"taints":[{"key":"overcommit.dev/pressure","value":"cpu","effect":"NoExecute"}]}}`)
+		},
+		"unschedulable": func() error { return mergePatch(`{"spec":{"unschedulable":true}}`) },
+		"providerID":    func() error { return mergePatch(`{"spec":{"providerID":"guard://x"}}`) },
 		"delete": func() error {
 			return sa.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 		},
@@ -439,6 +445,28 @@ func TestNodeGuard(t *testing.T) {
 	}
 	if err := statusPatch(`{"metadata":{"annotations":{"overcommit.dev/raw-allocatable":null,"overcommit.dev/applied":null}}}`); err != nil {
 		t.Errorf("removing the two annotations was refused: %v", err)
+	}
+	// The pressure taint (src/leader/pressure.rs): added, changed and removed by the
+	// ServiceAccount, beside an admin's taint that stays as it was.
+	if _, err := c.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(`{"spec":{"taints":[{"key":"admin","effect":"NoSchedule"}]}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("the admin's taint: %v", err)
+	}
+	admin := `{"key":"admin","effect":"NoSchedule"}`
+	for _, body := range []string{
+		`{}`,
+		`{"spec":{"taints":[` + admin + `,{"key":"overcommit.dev/pressure","value":"cpu","effect":"NoSchedule"}]}}`,
+		`{"spec":{"taints":[` + admin + `,{"key":"overcommit.dev/pressure","value":"cpu-memory","effect":"NoSchedule"}]}}`,
+		`{"spec":{"taints":[` + admin + `]}}`,
+	} {
+		if err := mergePatch(body); err != nil {
+			t.Errorf("the ServiceAccount's write %s was refused: %v", body, err)
+		}
+	}
+	if err := mergePatch(`{"spec":{"taints":[]}}`); !byGuard(err) {
+		t.Errorf("removing the admin's taint: want refused by kube-overcommit-node-guard, got %v", err)
+	}
+	if taints := get().Spec.Taints; len(taints) != 1 || taints[0].Key != "admin" {
+		t.Errorf("taints after the ServiceAccount's writes: %v, want the admin's alone", taints)
 	}
 	// Another user (the admin) is not bound by the guard.
 	if _, err := c.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(`{"metadata":{"labels":{"guard":"admin"}}}`), metav1.PatchOptions{}); err != nil {

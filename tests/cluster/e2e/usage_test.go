@@ -361,21 +361,7 @@ func TestUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
-	httpClient, err := rest.HTTPClientFor(c.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := harness.Eventually(30*time.Second, 100*time.Millisecond, func() error {
-		res, err := httpClient.Get(c.Server + "/apis/metrics.k8s.io/v1beta1/nodes")
-		if err != nil {
-			return err
-		}
-		res.Body.Close()
-		if res.StatusCode != http.StatusServiceUnavailable {
-			return fmt.Errorf("metrics.k8s.io: %s", res.Status)
-		}
-		return nil
-	}); err != nil {
+	if err := waitMetricsAPIUnavailable(c); err != nil {
 		t.Fatal(err)
 	}
 	failing := time.Now()
@@ -635,4 +621,23 @@ func usageDiagnostics(t *testing.T, c *harness.Cluster, in *install.Installation
 			t.Logf("replica %s: %v", r.Identity(), err)
 		}
 	}
+}
+
+// waitMetricsAPIUnavailable waits until metrics.k8s.io answers 503 (metrics-server stopped).
+func waitMetricsAPIUnavailable(c *harness.Cluster) error {
+	httpClient, err := rest.HTTPClientFor(c.RestConfig)
+	if err != nil {
+		return err
+	}
+	return harness.Eventually(30*time.Second, 100*time.Millisecond, func() error {
+		res, err := httpClient.Get(c.Server + "/apis/metrics.k8s.io/v1beta1/nodes")
+		if err != nil {
+			return err
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusServiceUnavailable {
+			return fmt.Errorf("metrics.k8s.io: %s", res.Status)
+		}
+		return nil
+	})
 }
