@@ -237,6 +237,12 @@ pub async fn poll(
     }
 }
 
+/// Whether a policy in force reads the poller's samples: usage, or the pressure taint (which
+/// needs no pod index, but the pod watch is cheap beside the poller and keeps one rule).
+fn reads_samples(set: &overcommit_core::policy::PolicySet) -> bool {
+    set.has_usage() || set.has_pressure()
+}
+
 /// Which usage feeders run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Feeders {
@@ -301,9 +307,7 @@ pub async fn run<F, Fut, E>(
             _ = tick.tick() => {}
             _ = shutdown.stopped() => break,
         }
-        let current = store.current();
-        // The pressure taint reads the poller's samples too (not the pod index).
-        let want = feeders(current.has_usage() || current.has_pressure(), cap_watch);
+        let want = feeders(reads_samples(&store.current()), cap_watch);
         let own_watch = want.pod_watch && !cap_watch;
         if (want.poller && poller.is_none()) || (own_watch && pod_watch.is_none()) {
             if built.is_none() {

@@ -173,6 +173,42 @@ mod tests {
         }
     }
 
+    /// Through the policy file: the field is known, needs nodeRatios or usage, and a typo
+    /// inside it is refused.
+    #[test]
+    fn in_a_policy() {
+        let doc = |spec: &str| {
+            format!(
+                "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {{name: p}}\nspec:\n{spec}\n"
+            )
+        };
+        let ok = doc(
+            "  nodeRatios: {cpu: \"2\"}\n  pressure: {holdTime: 1m, memory: {high: \"85%\", low: \"70%\"}}",
+        );
+        let policies = super::super::parse_policy_file(&ok).map_err(|e| e.to_string());
+        let set = policies.and_then(|p| super::super::PolicySet::new(p).map_err(|e| e.to_string()));
+        assert!(set.as_ref().is_ok_and(|s| s.has_pressure()), "{set:?}");
+        for (spec, want) in [
+            (
+                "  pressure: {cpu: {high: \"90%\", low: \"75%\"}}",
+                "spec.pressure needs spec.nodeRatios or spec.usage",
+            ),
+            (
+                "  nodeRatios: {cpu: \"2\"}\n  pressure: {cpu: {high: \"90%\", lo: \"75%\"}}",
+                "unknown field spec.pressure.cpu.lo",
+            ),
+            (
+                "  nodeRatios: {cpu: \"2\"}\n  pressure: {hold: 1m, cpu: {high: \"90%\", low: \"75%\"}}",
+                "unknown field spec.pressure.hold",
+            ),
+        ] {
+            match super::super::parse_policy_file(&doc(spec)) {
+                Err(e) => assert!(e.to_string().contains(want), "{spec}: {e}"),
+                Ok(p) => panic!("{spec}: parsed as {p:?}"),
+            }
+        }
+    }
+
     #[test]
     fn compiles_and_refuses() {
         let ok = compile(&spec(None, Some(("90%", "75%")), None));
