@@ -390,6 +390,27 @@ mod tests {
                 .inc();
         }
         nudge.lag.observe(1.5);
+        {
+            use super::super::pressure::{PressureMetrics, SkipLabels, WriteLabels};
+            let pressure = m.with_registry(PressureMetrics::new);
+            for (action, result) in [("add", "done"), ("set", "conflict"), ("remove", "failed")] {
+                let (action, result) = (action.into(), result.into());
+                pressure
+                    .writes
+                    .get_or_create(&WriteLabels { action, result })
+                    .inc();
+            }
+            for skip in [
+                "not_synced",
+                "metrics_failing",
+                "no_sample",
+                "stale",
+                "no_raw",
+            ] {
+                let reason = skip.into();
+                pressure.skipped.get_or_create(&SkipLabels { reason }).inc();
+            }
+        }
         let (families, series) = exposition(&m.encode());
         assert!(families.len() > 20, "{families:?}");
         // Every family has a sample: one registered but left empty here would hide its labels.
