@@ -446,18 +446,21 @@ fn start_election(
     (claim, election_task, leader_task)
 }
 
+/// What the leader tasks report through and read, besides the client and the claim.
+type LeaderParts = (
+    LeaderMetrics,
+    NudgeMetrics,
+    NudgeSettings,
+    Recorder,
+    PressureContext,
+);
+
 /// Run the leader loop while leading; abort it the moment leadership is lost.
 async fn supervise(
     client: Client,
     settings: ControllerSettings,
     claim: Claim,
-    (metrics, nudge_metrics, nudge, events, pressure): (
-        LeaderMetrics,
-        NudgeMetrics,
-        NudgeSettings,
-        Recorder,
-        PressureContext,
-    ),
+    (metrics, nudge_metrics, nudge, events, pressure): LeaderParts,
     in_process: InProcessContext,
     shutdown: Signal,
 ) {
