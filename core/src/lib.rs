@@ -3,6 +3,7 @@
 //! transport, caches and leader call into these; nothing here calls out.
 //!
 //! - [`duration`]: the one duration grammar (flags, policies, the API server's `?timeout=`).
+//! - [`eviction`]: memory relief: whether a node needs it, which pods go first, the rate limit.
 //! - [`cap`]: the placement cap: requests on a node against a share of its raw allocatable.
 //! - [`node`]: the node rule: raw detection, ratios, the annotations it keeps its memory in.
 //! - [`pod`]: the pod rule: default requests, request-to-limit.
@@ -14,6 +15,7 @@
 
 pub mod cap;
 pub mod duration;
+pub mod eviction;
 pub mod in_process;
 pub mod node;
 pub mod node_transitions;

@@ -683,6 +683,7 @@ mod tests {
             usage: None,
             cap: None,
             pressure: None,
+            eviction: None,
             generation: None,
             applied_listed: Default::default(),
         }

@@ -22,6 +22,7 @@
 //! excluded in code as well.
 
 mod pressure;
+mod eviction;
 mod rollout;
 mod schema;
 mod selector;
@@ -39,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::quantity::{Quantity, Ratio};
 pub use pressure::{CompiledPressure, PressureSpec, Watermarks, WatermarksSpec};
+pub use eviction::{CompiledEviction, EvictionSpec};
 pub use rollout::{CompiledRollout, DEFAULT_STEP_INTERVAL, RolloutSpec, StepSize};
 pub use selector::{LabelLookup, NoLabels, Requirement, Selector};
 pub use status::{OvercommitPolicyStatus, PolicyCondition, RolloutStatus};
@@ -129,6 +131,13 @@ pub struct OvercommitPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "pressure::schema")]
     pub pressure: Option<PressureSpec>,
+    /// Memory relief, opt-in: above memoryCritical of the kubelet's raw memory allocatable the
+    /// leader evicts pods through the Eviction API (PodDisruptionBudgets hold), at most
+    /// maxPodsPerNode per node per interval. Needs nodeRatios or usage. See docs/policy.md,
+    /// "Memory relief".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::eviction")]
+    pub eviction: Option<EvictionSpec>,
 }
 
 /// What a binding over the request cap gets.
@@ -188,6 +197,8 @@ pub struct CompiledPolicy {
     pub cap: Option<CompiledCap>,
     /// `spec.pressure`, validated (None: no pressure taint).
     pub pressure: Option<CompiledPressure>,
+    /// `spec.eviction`, validated (None: no memory relief).
+    pub eviction: Option<CompiledEviction>,
     /// `metadata.generation` (None: a policy from a file, which has none): recorded in the
     /// `overcommit.dev/applied` annotation, so that the policy's status can count the nodes
     /// carrying its current spec.
@@ -314,6 +325,12 @@ impl PolicySet {
     /// Whether any policy has `spec.pressure`: only then are nodes' pressure taints kept.
     pub fn has_pressure(&self) -> bool {
         self.pressure
+    }
+
+    /// Whether any policy has `spec.eviction`: only then does the leader's relief loop look at
+    /// nodes.
+    pub fn has_eviction(&self) -> bool {
+        self.compiled.iter().any(|p| p.eviction.is_some())
     }
 
     /// The longest `spec.usage.window` of any policy (None: no usage policy): how long the
@@ -478,6 +495,7 @@ fn unknown_field(document: &serde_yaml::Value) -> Option<String> {
                 "capMode",
                 "rollout",
                 "pressure",
+                "eviction",
             ],
         )
     })
@@ -496,6 +514,13 @@ fn unknown_field(document: &serde_yaml::Value) -> Option<String> {
                 check(pressure.and_then(|p| p.get(*r)), &path, &["high", "low"])
             })
         })
+    })
+    .or_else(|| {
+        check(
+            spec.and_then(|s| s.get("eviction")),
+            "spec.eviction",
+            &["memoryCritical", "maxPodsPerNode", "interval", "dryRun"],
+        )
     })
     .or_else(|| {
         check(

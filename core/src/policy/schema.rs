@@ -4,6 +4,7 @@
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 
+use super::eviction::CRITICAL_PATTERN;
 use super::usage::{MEMORY_CEILING_RULE, MIN_CHANGE_PATTERN, TARGET_PATTERN, WINDOW_PATTERN};
 use super::validate::MAX_NODE_RATIOS;
 use crate::quantity::Ratio;
@@ -155,6 +156,43 @@ pub(super) fn usage(_: &mut SchemaGenerator) -> Schema {
         ]
     })
 }
+pub(super) fn eviction(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "Memory relief, opt-in: above memoryCritical of the kubelet's raw memory allocatable the leader evicts pods through the Eviction API (PodDisruptionBudgets hold), at most maxPodsPerNode per node per interval. Needs nodeRatios or usage.",
+        "type": "object",
+        "required": ["memoryCritical"],
+        "properties": {
+            "memoryCritical": {
+                "description": "Evict when the node's memory usage is above this share of the kubelet's raw memory allocatable: a whole percent from 50% to 99%.",
+                "type": "string",
+                "maxLength": 3,
+                "pattern": CRITICAL_PATTERN
+            },
+            "maxPodsPerNode": {
+                "description": "At most this many evictions per node per interval, 1 to 10 (default 1).",
+                "type": "integer",
+                "format": "uint32",
+                "minimum": 1,
+                "maximum": 10
+            },
+            "interval": {
+                "description": "The window of maxPodsPerNode: <integer><unit> groups with units s, m, h, from 10s to 1h (default 1m).",
+                "type": "string",
+                "maxLength": 32,
+                "pattern": "^([0-9]{1,9}(ms|s|m|h))+$",
+                "x-kubernetes-validations": [{
+                    "rule": "duration(self) >= duration('10s') && duration(self) <= duration('1h')",
+                    "message": "interval must be from 10s to 1h"
+                }]
+            },
+            "dryRun": {
+                "description": "Report (Event, metric, log) what would be evicted and evict nothing (default false).",
+                "type": "boolean"
+            }
+        }
+    })
+}
+
 /// Whole percents from 50% to 1000% (`validate::parse_percent`).
 pub(super) const CAP_PERCENT_PATTERN: &str = r"^([5-9][0-9]|[1-9][0-9]{2}|1000)%$";
 
@@ -191,6 +229,10 @@ pub(super) fn spec_rules() -> serde_json::Value {
         {
             "rule": "!has(self.pressure) || (has(self.nodeRatios) && size(self.nodeRatios) > 0) || has(self.usage)",
             "message": "spec.pressure needs spec.nodeRatios or spec.usage (a policy with neither applies to no node)"
+        },
+        {
+            "rule": "!has(self.eviction) || (has(self.nodeRatios) && size(self.nodeRatios) > 0) || has(self.usage)",
+            "message": "spec.eviction needs spec.nodeRatios or spec.usage (a policy with neither applies to no node)"
         },
         {
             "rule": "!has(self.capMode) || has(self.requestCap)",

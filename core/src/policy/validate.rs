@@ -72,6 +72,13 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         Some(pressure) => Some(super::pressure::compile(pressure).map_err(invalid)?),
         None => None,
     };
+    let eviction = match &spec.eviction {
+        Some(eviction) => Some(
+            super::eviction::compile(eviction, !ratios.is_empty() || usage.is_some())
+                .map_err(invalid)?,
+        ),
+        None => None,
+    };
     Ok(CompiledPolicy {
         name,
         priority: spec.priority,
@@ -81,6 +88,7 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         usage,
         cap,
         pressure,
+        eviction,
         generation: policy.metadata.generation,
         applied_listed: Default::default(),
     })
