@@ -558,6 +558,7 @@ async fn start_leader(
         metrics: shared.metrics.clone(),
         namespace: shared.namespace.clone(),
         request_cap: args.request_cap,
+        usage_interval: args.usage_interval,
         shutdown: shared.shutdown.clone(),
         served,
         client: shared.client(),

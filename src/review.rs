@@ -77,6 +77,18 @@ pub struct ReviewArgs {
         default_value = DEFAULT_CONFIG_NAME
     )]
     pub webhook_config_name: String,
+    /// Instead of the review: memory relief's decision for the node in INPUT (a bare Node),
+    /// from `--pods`, `--pod-metrics` and the usage input (memory's peakUsage is the node's
+    /// newest sample); see docs/policy.md, "Memory relief".
+    #[arg(long, requires = "pods")]
+    pub explain_relief: bool,
+    /// With `--explain-relief`: the node's pods, a PodList (JSON).
+    #[arg(long)]
+    pub pods: Option<PathBuf>,
+    /// With `--explain-relief`: a PodMetricsList (JSON) of metrics.k8s.io; without it, pods'
+    /// usage is unmeasured.
+    #[arg(long)]
+    pub pod_metrics: Option<PathBuf>,
 }
 
 /// `--now`: an RFC 3339 time, in milliseconds since the Unix epoch.
@@ -99,7 +111,6 @@ pub fn read_policy_file(path: &std::path::Path) -> anyhow::Result<PolicySet> {
 pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
     let policies = read_policy_file(&args.policy_file)?;
     let input = read_input(&args.input)?;
-    let body = as_review(&input)?;
     let usage_text = match &args.usage_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -108,6 +119,10 @@ pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
         None => None,
     };
     let usage = usage_input(usage_text.as_deref(), &args.requested, &args.peak_usage)?;
+    if args.explain_relief {
+        return run_relief(args, &policies, &input, usage);
+    }
+    let body = as_review(&input)?;
     let settings = Settings {
         own_namespace: args.own_namespace.clone(),
         heartbeat_refresh: args.heartbeat_refresh,
@@ -146,6 +161,37 @@ pub fn run(args: &ReviewArgs) -> anyhow::Result<()> {
         }
         Outcome::Patched | Outcome::Unchanged => Ok(()),
     }
+}
+
+/// `review --explain-relief`: the account on stdout.
+fn run_relief(
+    args: &ReviewArgs,
+    policies: &PolicySet,
+    node: &[u8],
+    usage: Option<overcommit_core::node::usage::NodeUsage>,
+) -> anyhow::Result<()> {
+    let read =
+        |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+    let pods = match &args.pods {
+        Some(path) => read(path)?,
+        None => bail!("--explain-relief needs --pods"),
+    };
+    let pod_metrics = args.pod_metrics.as_ref().map(read).transpose()?;
+    let lines = crate::review_relief::replay(
+        policies,
+        &crate::review_relief::ReliefInput {
+            node,
+            pods: &pods,
+            pod_metrics: pod_metrics.as_deref(),
+            usage,
+            own_namespace: &args.own_namespace,
+        },
+    )?;
+    let mut stdout = std::io::stdout().lock();
+    for line in lines {
+        writeln!(stdout, "{line}")?;
+    }
+    Ok(())
 }
 
 /// Run `crd`: the CustomResourceDefinition YAML on stdout.

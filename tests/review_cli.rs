@@ -352,3 +352,139 @@ fn review_replays_a_usage_decision_from_flags_or_a_usage_file() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("RESOURCE=QUANTITY"));
 }
+
+/// `review --explain-relief`: memory relief's decision replayed from files: the node above
+/// 90% of its 4Gi, pods ranked (beyond raw first, lowest priority, BestEffort first, largest
+/// usage above request), DaemonSet and critical pods never chosen, what would be evicted; and
+/// with metrics failing, no relief and why.
+#[test]
+fn review_explain_relief_replays_the_decision() {
+    let dir = TempDir::new().unwrap_or_else(|e| panic!("{e}"));
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        path.to_string_lossy().into_owned()
+    };
+    let policy = write(
+        "policy.yaml",
+        "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {name: relief}\n\
+         spec:\n  nodeRatios: {memory: \"2\"}\n  eviction: {memoryCritical: \"90%\", maxPodsPerNode: 1}\n",
+    );
+    let node = write(
+        "node.json",
+        r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1",
+            "annotations": {"overcommit.dev/raw-allocatable": "{\"memory\":\"4Gi\"}"}},
+            "status": {"allocatable": {"memory": "8Gi"}}}"#,
+    );
+    let pod = |name: &str, created: &str, extra: &str| {
+        format!(
+            r#"{{"metadata": {{"namespace": "apps", "name": "{name}", "uid": "u-{name}",
+                "creationTimestamp": "{created}"{extra}}},
+              "spec": {{"nodeName": "n1", "containers": [{{"name": "c"}}]}},
+              "status": {{"phase": "Running", "qosClass": "BestEffort"}}}}"#
+        )
+    };
+    let base = r#"{"metadata": {"namespace": "apps", "name": "base", "uid": "u-base",
+            "creationTimestamp": "2026-11-24T10:00:00Z"},
+          "spec": {"nodeName": "n1", "containers": [{"name": "c",
+            "resources": {"requests": {"memory": "5Gi"}}}]},
+          "status": {"phase": "Running", "qosClass": "Burstable"}}"#;
+    let ds = r#", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "d1"}]"#;
+    let pods = write(
+        "pods.json",
+        &format!(
+            r#"{{"kind": "PodList", "items": [{base}, {}, {}, {}]}}"#,
+            pod("agent", "2026-11-24T10:01:00Z", ds),
+            pod("small", "2026-11-24T10:02:00Z", ""),
+            pod("big", "2026-11-24T10:03:00Z", ""),
+        ),
+    );
+    let metrics = write(
+        "podmetrics.json",
+        r#"{"kind": "PodMetricsList", "items": [
+            {"metadata": {"namespace": "apps", "name": "small"}, "containers": [{"usage": {"memory": "100Mi"}}]},
+            {"metadata": {"namespace": "apps", "name": "big"}, "containers": [{"usage": {"memory": "1Gi"}}]}]}"#,
+    );
+    let hot = write("usage.json", r#"{"memory": {"peakUsage": "3900Mi"}}"#);
+    let args = |usage: &str| {
+        run(
+            &[
+                "review",
+                "--policy-file",
+                &policy,
+                "--explain-relief",
+                "--pods",
+                &pods,
+                "--pod-metrics",
+                &metrics,
+                "--usage-file",
+                usage,
+                &node,
+            ],
+            None,
+        )
+    };
+    let out = args(&hot);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 7, "{text}");
+    assert!(
+        lines[0].starts_with("policy relief: memoryCritical 90%, maxPodsPerNode 1"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with(
+            "node n1: needs relief: memory usage 4089446400 B is above the critical 3865470566 B"
+        ),
+        "{text}"
+    );
+    // base (5Gi) is beyond raw (4Gi) itself; all after it too. big uses more above request.
+    assert!(
+        lines[2].starts_with("  1 apps/big: placed beyond raw, priority 0, BestEffort"),
+        "{text}"
+    );
+    assert!(
+        lines[3].starts_with("  2 apps/small: placed beyond raw"),
+        "{text}"
+    );
+    assert!(
+        lines[4].starts_with("  3 apps/base: placed beyond raw, priority 0, Burstable"),
+        "{text}"
+    );
+    assert_eq!(
+        lines[5], "  - apps/agent: never chosen: owned by a DaemonSet",
+        "{text}"
+    );
+    assert_eq!(
+        lines[6],
+        "would evict: apps/big (a PodDisruptionBudget refusal moves on to the next)"
+    );
+    let failing = write(
+        "failing.json",
+        r#"{"metricsFailing": true, "memory": {"peakUsage": "3900Mi"}}"#,
+    );
+    let out = args(&failing);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("node n1: no relief: metrics.k8s.io is failing")
+            && !text.contains("would evict"),
+        "{text}"
+    );
+    // --explain-relief without --pods is refused by the command line.
+    let out = run(
+        &[
+            "review",
+            "--policy-file",
+            &policy,
+            "--explain-relief",
+            &node,
+        ],
+        None,
+    );
+    assert!(!out.status.success());
+}

@@ -44,6 +44,7 @@ pub mod ca;
 pub mod cert_source;
 pub mod controller;
 pub mod election;
+pub mod eviction;
 pub mod hand_over;
 pub mod in_process;
 pub mod in_process_policy;
@@ -87,6 +88,7 @@ use tokio::task::JoinHandle;
 use self::cert_source::CertSource;
 use self::controller::{Controller, ControllerSettings};
 use self::election::{Claim, ElectionSettings};
+use self::eviction::{EvictionMetrics, ReliefSettings};
 use self::in_process::InProcessContext;
 use self::metrics::LeaderMetrics;
 use self::nudger::{NudgeMetrics, NudgeSettings};
@@ -125,6 +127,10 @@ pub struct LeaderArgs {
     /// ValidatingWebhookConfiguration of the placement cap (same name as the mutating one).
     #[arg(skip)]
     pub request_cap: bool,
+    /// `serve --usage-interval`, set by `serve` before `start`: how often memory relief judges
+    /// the nodes (zero: 30s).
+    #[arg(skip)]
+    pub usage_interval: Duration,
     /// Name of the Service the API server calls.
     #[arg(
         long,
@@ -264,6 +270,18 @@ impl LeaderArgs {
         service_account_user(&self.namespace, &self.service_account)
     }
 
+    fn relief(&self) -> ReliefSettings {
+        let interval = if self.usage_interval.is_zero() {
+            Duration::from_secs(30)
+        } else {
+            self.usage_interval
+        };
+        ReliefSettings {
+            interval,
+            exempt_namespaces: webhook_config::exempt_namespaces(&self.namespace),
+        }
+    }
+
     fn nudge(&self) -> NudgeSettings {
         NudgeSettings {
             rate: self.nudge_rate,
@@ -334,6 +352,7 @@ impl Running {
 pub struct Reporting {
     pub leader: LeaderMetrics,
     pub nudge: NudgeMetrics,
+    pub eviction: EvictionMetrics,
     pub events: Recorder,
     pub pressure: PressureContext,
 }
@@ -352,6 +371,7 @@ pub fn start(
     let Reporting {
         leader: metrics,
         nudge,
+        eviction,
         events,
         pressure,
     } = reporting;
@@ -394,7 +414,7 @@ pub fn start(
             client,
             args,
             &identity,
-            (metrics, nudge, events, pressure),
+            (metrics, nudge, events, pressure, eviction),
             in_process,
             shutdown,
         );
@@ -416,7 +436,13 @@ fn start_election(
     client: Client,
     args: &LeaderArgs,
     identity: &str,
-    (metrics, nudge, events, pressure): (LeaderMetrics, NudgeMetrics, Recorder, PressureContext),
+    (metrics, nudge, events, pressure, eviction): (
+        LeaderMetrics,
+        NudgeMetrics,
+        Recorder,
+        PressureContext,
+        EvictionMetrics,
+    ),
     in_process: InProcessContext,
     shutdown: Signal,
 ) -> (Claim, JoinHandle<()>, JoinHandle<()>) {
@@ -440,6 +466,7 @@ fn start_election(
         args.controller(),
         claim.clone(),
         (metrics, nudge, args.nudge(), events, pressure),
+        (eviction, args.relief()),
         in_process,
         shutdown,
     ));
@@ -461,6 +488,7 @@ async fn supervise(
     settings: ControllerSettings,
     claim: Claim,
     (metrics, nudge_metrics, nudge, events, pressure): LeaderParts,
+    (eviction_metrics, relief): (EvictionMetrics, ReliefSettings),
     in_process: InProcessContext,
     shutdown: Signal,
 ) {
@@ -504,6 +532,13 @@ async fn supervise(
             pressure.clone(),
             events.clone(),
         ));
+        let relief_task = tokio::spawn(eviction::run(
+            in_process.policies.clone(),
+            claim.clone(),
+            relief.clone(),
+            eviction_metrics.clone(),
+            events.clone(),
+        ));
         let mut ended_by_itself = false;
         let mut stopping = false;
         tokio::select! {
@@ -520,6 +555,9 @@ async fn supervise(
         nudge_metrics.clear();
         let _ = pressure_task.await;
         pressure.metrics.clear();
+        relief_task.abort();
+        let _ = relief_task.await;
+        eviction_metrics.clear();
         // Only once the task has stopped can no late update bring a series back.
         let _ = node_task.await;
         raw_allocatable_gauge::clear(&metrics);
@@ -622,6 +660,8 @@ pub struct ServeContext {
     pub namespace: String,
     /// `serve --request-cap`: keep the validating configuration of the cap too.
     pub request_cap: bool,
+    /// `serve --usage-interval`: how often memory relief judges the nodes.
+    pub usage_interval: Duration,
     pub shutdown: Signal,
     /// The leaf this replica serves, for the readiness gate and the replica report.
     pub served: Arc<dyn ServedCertificate>,
@@ -657,9 +697,11 @@ pub async fn start_in_serve(
     let mut args = args.clone();
     args.namespace = context.namespace;
     args.request_cap = context.request_cap;
+    args.usage_interval = context.usage_interval;
     let reporting = Reporting {
         leader: context.metrics.with_registry(LeaderMetrics::new),
         nudge: context.metrics.with_registry(NudgeMetrics::new),
+        eviction: context.metrics.with_registry(EvictionMetrics::new),
         events: context.events,
         pressure: PressureContext {
             usage: context.usage.0,

@@ -237,16 +237,22 @@ fn metadata(s: &WebhookSettings) -> ObjectMeta {
     }
 }
 
+/// The namespaces the webhooks exempt: kube-system and the webhook's own (docs/architecture.md
+/// rule 3.1); memory relief never evicts there either.
+pub fn exempt_namespaces(own: &str) -> Vec<String> {
+    let mut excluded = vec!["kube-system".to_string()];
+    if own != "kube-system" {
+        excluded.push(own.to_string());
+    }
+    excluded
+}
+
 /// Never kube-system or the webhook's own namespace (docs/architecture.md rule 3.1).
 fn not_system_namespaces(s: &WebhookSettings) -> LabelSelectorRequirement {
-    let mut excluded = vec!["kube-system".to_string()];
-    if s.namespace != "kube-system" {
-        excluded.push(s.namespace.clone());
-    }
     LabelSelectorRequirement {
         key: "kubernetes.io/metadata.name".into(),
         operator: "NotIn".into(),
-        values: Some(excluded),
+        values: Some(exempt_namespaces(&s.namespace)),
     }
 }
 

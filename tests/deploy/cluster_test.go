@@ -527,7 +527,13 @@ func checkRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, ns str
 		{false, "delete", "", "pods", "some-pod", ns},
 		{true, "list", "metrics.k8s.io", "nodes", "", ""},
 		{false, "get", "metrics.k8s.io", "nodes", "some-node", ""},
-		{false, "list", "metrics.k8s.io", "pods", "", ""},
+		// Memory relief: PodMetrics listed, pods evicted through the Eviction API (PDBs hold),
+		// never deleted or patched.
+		{true, "list", "metrics.k8s.io", "pods", "", ""},
+		{false, "get", "metrics.k8s.io", "pods", "some-pod", ns},
+		{true, "create", "", "pods/eviction", "some-pod", "default"},
+		{false, "delete", "", "pods", "some-pod", "default"},
+		{false, "patch", "", "pods", "some-pod", "default"},
 		{false, "get", "", "configmaps", "", ns},
 	}
 	for _, tc := range cases {

@@ -677,6 +677,9 @@ func TestStaticRBACLeastPrivilege(t *testing.T) {
 			// The request cap reads a pod its watch has not shown yet (one GET per such binding).
 			allowed[grant{"", "pods", "", "get"}] = true
 			allowed[grant{"metrics.k8s.io", "nodes", "", "list"}] = true
+			// Memory relief: PodMetrics for the ranking, evictions (never deletes: PDBs hold).
+			allowed[grant{"metrics.k8s.io", "pods", "", "list"}] = true
+			allowed[grant{"", "pods/eviction", "", "create"}] = true
 			// The leader's nudges: an empty merge patch of node status (the node guard bounds it).
 			allowed[grant{"", "nodes/status", "", "patch"}] = true
 			// The leader's pressure taint: a patch of the node's taints (the node guard bounds it
