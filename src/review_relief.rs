@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use overcommit_core::eviction::{self, Measured};
+use overcommit_core::eviction::{self, Measured, Ranked};
 use overcommit_core::node::usage::NodeUsage;
 use overcommit_core::policy::{NodeChoice, PolicySet};
 
@@ -97,22 +97,27 @@ pub fn replay(policies: &PolicySet, input: &ReliefInput<'_>) -> anyhow::Result<V
     )];
     lines.extend(explain(&name, need, &ranked));
     if matches!(need, eviction::Need::Relieve { .. }) {
-        let chosen: Vec<String> = ranked
-            .iter()
-            .filter(|r| r.spared.is_none())
-            .take(eviction.max_pods_per_node as usize)
-            .map(|r| format!("{}/{}", r.pod.namespace, r.pod.name))
-            .collect();
-        lines.push(if chosen.is_empty() {
-            "would evict: nothing (no candidate)".to_string()
-        } else {
-            format!(
-                "would evict: {} (a PodDisruptionBudget refusal moves on to the next)",
-                chosen.join(", ")
-            )
-        });
+        lines.push(would_evict(&ranked, eviction.max_pods_per_node));
     }
     Ok(lines)
+}
+
+/// The first `max` candidates, which the leader would try first.
+fn would_evict(ranked: &[Ranked<'_>], max: u32) -> String {
+    let chosen: Vec<String> = ranked
+        .iter()
+        .filter(|r| r.spared.is_none())
+        .take(max as usize)
+        .map(|r| format!("{}/{}", r.pod.namespace, r.pod.name))
+        .collect();
+    if chosen.is_empty() {
+        "would evict: nothing (no candidate)".to_string()
+    } else {
+        format!(
+            "would evict: {} (a PodDisruptionBudget refusal moves on to the next)",
+            chosen.join(", ")
+        )
+    }
 }
 
 /// The `items` of a List (or a bare JSON array).

@@ -411,6 +411,31 @@ mod tests {
                 pressure.skipped.get_or_create(&SkipLabels { reason }).inc();
             }
         }
+        let relief = m.with_registry(super::super::eviction::EvictionMetrics::new);
+        for result in ["evicted", "refused_pdb", "failed", "dry_run"] {
+            relief
+                .evictions
+                .get_or_create(&super::super::eviction::ResultLabels {
+                    result: result.into(),
+                })
+                .inc();
+        }
+        for reason in [
+            "metrics_failing",
+            "no_sample",
+            "stale",
+            "no_raw",
+            "no_candidate",
+            "rate_limited",
+        ] {
+            relief
+                .skipped
+                .get_or_create(&super::super::eviction::ReasonLabels {
+                    reason: reason.into(),
+                })
+                .inc();
+        }
+        relief.above_critical.set(1);
         let (families, series) = exposition(&m.encode());
         assert!(families.len() > 20, "{families:?}");
         // Every family has a sample: one registered but left empty here would hide its labels.
