@@ -547,20 +547,11 @@ async fn supervise(
             _ = &mut task => ended_by_itself = true,
         }
         task.abort();
-        node_task.abort();
         status_task.abort();
-        nudge_task.abort();
-        pressure_task.abort();
-        let _ = nudge_task.await;
-        nudge_metrics.clear();
-        let _ = pressure_task.await;
-        pressure.metrics.clear();
-        relief_task.abort();
-        let _ = relief_task.await;
-        eviction_metrics.clear();
-        // Only once the task has stopped can no late update bring a series back.
-        let _ = node_task.await;
-        raw_allocatable_gauge::clear(&metrics);
+        stop(nudge_task, || nudge_metrics.clear()).await;
+        stop(pressure_task, || pressure.metrics.clear()).await;
+        stop(relief_task, || eviction_metrics.clear()).await;
+        stop(node_task, || raw_allocatable_gauge::clear(&metrics)).await;
         if stopping {
             return;
         }
@@ -570,6 +561,14 @@ async fn supervise(
         }
         tracing::info!("not leading: leader tasks stopped");
     }
+}
+
+/// Abort a leader task and clear what it exported once it has stopped: only then can no late
+/// update bring a series back.
+async fn stop(task: JoinHandle<()>, clear: impl FnOnce()) {
+    task.abort();
+    let _ = task.await;
+    clear();
 }
 
 /// Where and how often a replica reports.

@@ -21,8 +21,8 @@
 //! so the webhook itself cannot check them). kube-system and the webhook's own namespace are
 //! excluded in code as well.
 
-mod pressure;
 mod eviction;
+mod pressure;
 mod rollout;
 mod schema;
 mod selector;
@@ -39,8 +39,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::quantity::{Quantity, Ratio};
-pub use pressure::{CompiledPressure, PressureSpec, Watermarks, WatermarksSpec};
 pub use eviction::{CompiledEviction, EvictionSpec};
+pub use pressure::{CompiledPressure, PressureSpec, Watermarks, WatermarksSpec};
 pub use rollout::{CompiledRollout, DEFAULT_STEP_INTERVAL, RolloutSpec, StepSize};
 pub use selector::{LabelLookup, NoLabels, Requirement, Selector};
 pub use status::{OvercommitPolicyStatus, PolicyCondition, RolloutStatus};
