@@ -9,13 +9,21 @@
 //! what it carries: the node rule runs under the policy and ratios its annotation records (none:
 //! raw). The leader admits the waiting nodes a step at a time, by name, and publishes its
 //! progress in `status.rollout`: all the state there is, so a new leader continues from it.
+//!
+//! Under a usage policy what is paced is the most a node can be given: its ceilings
+//! (`spec.usage.maxRatios`) and fallback ratios (`nodeRatios`). A waiting node keeps the ceilings
+//! its annotation records (`;maxRatios=`) while its allocatable follows usage under them with the
+//! current target, window and minChange, which move allocatable only within [raw, ceiling], as
+//! usage itself does: changing them alone is not a raise.
 
 use crate::node::{
     APPLIED_ANNOTATION, AppliedSummary, NodeView, applied_summary, carries_overcommit_annotations,
 };
+use std::collections::BTreeMap;
+
 use crate::policy::{
-    CompiledPolicy, CompiledRollout, LabelLookup, NodeChoice, OvercommitPolicy,
-    OvercommitPolicySpec, PolicySet, RolloutStatus,
+    CompiledPolicy, CompiledRollout, CompiledUsage, LabelLookup, NodeChoice, OvercommitPolicy,
+    OvercommitPolicySpec, PolicySet, RolloutStatus, UsageSpec,
 };
 use crate::quantity::Ratio;
 
@@ -25,16 +33,28 @@ fn carries(policy: &CompiledPolicy, applied: Option<&AppliedSummary>) -> bool {
 }
 
 /// Whether moving a node that carries `applied` (None: nothing, its raw values) to `policy`
-/// raises any ratio. A resource the annotation does not list, or lists unreadably, counts as 1.
+/// raises the most the node can be given of a resource: a ratio (static, or a usage policy's
+/// fallback) above the one carried, or a usage ceiling above the ceiling carried. A ratio the
+/// annotation does not list, or lists unreadably, counts as 1; a ceiling it does not list (a
+/// static policy's node, or written before ceilings were recorded) as the carried ratio, which
+/// is what such a node is held on (`carried`). Target, window and minChange are not compared.
 pub fn raises(policy: &CompiledPolicy, applied: Option<&AppliedSummary>) -> bool {
-    let carried = |resource: &str| {
-        applied
-            .and_then(|a| a.ratios.get(resource))
+    let read = |map: Option<&BTreeMap<String, String>>, resource: &str| {
+        map.and_then(|m| m.get(resource))
             .and_then(|text| Ratio::parse(text).ok())
     };
-    policy.ratios.iter().any(|(resource, (_, ratio))| {
-        carried(resource).map_or(!ratio.is_one(), |carried| *ratio > carried)
-    })
+    let ratio = |resource: &str| read(applied.map(|a| &a.ratios), resource);
+    let ceiling =
+        |resource: &str| read(applied.map(|a| &a.max_ratios), resource).or_else(|| ratio(resource));
+    let above = |new: &Ratio, carried: Option<Ratio>| carried.map_or(!new.is_one(), |c| *new > c);
+    let ceilings = policy.usage.iter().flat_map(|u| u.targets.iter());
+    policy
+        .ratios
+        .iter()
+        .any(|(resource, (_, new))| above(new, ratio(resource)))
+        || ceilings
+            .into_iter()
+            .any(|(resource, target)| above(&target.max_ratio.1, ceiling(resource)))
 }
 
 /// Whether the node waits: see the module's comment.
@@ -103,22 +123,54 @@ pub fn held(
     let applied = annotations
         .and_then(|a| a.get(APPLIED_ANNOTATION))
         .and_then(|text| applied_summary(text).ok());
-    waits(policy, rollout, name, applied.as_ref()).then(|| carried(applied.as_ref()))
+    waits(policy, rollout, name, applied.as_ref()).then(|| carried(policy, applied.as_ref()))
 }
 
 /// The policies that keep a node on what its annotation records: that policy's name,
-/// generation and ratios (none: raw). Should they not compile, raw, which is never a raise.
-pub fn carried(applied: Option<&AppliedSummary>) -> PolicySet {
+/// generation and ratios (none: raw); when it records ceilings of `policy`, a usage policy, the
+/// node follows usage under them (`carried_usage`). Should they not compile, raw, which is
+/// never a raise.
+pub fn carried(policy: &CompiledPolicy, applied: Option<&AppliedSummary>) -> PolicySet {
     let Some(applied) = applied else {
         return PolicySet::default();
     };
+    let usage = policy
+        .usage
+        .as_ref()
+        .filter(|_| applied.policy == policy.name)
+        .and_then(|usage| carried_usage(usage, &applied.max_ratios));
     let spec = OvercommitPolicySpec {
         node_ratios: applied.ratios.clone(),
+        usage,
         ..OvercommitPolicySpec::default()
     };
     let mut policy = OvercommitPolicy::new(&applied.policy, spec);
     policy.metadata.generation = applied.generation;
     PolicySet::new(vec![policy]).unwrap_or_default()
+}
+
+/// `usage` (the current spec's) on the carried `ceilings`: the resources both name, with the
+/// current target, window and minChange (None: they name none in common).
+fn carried_usage(usage: &CompiledUsage, ceilings: &BTreeMap<String, String>) -> Option<UsageSpec> {
+    let both: Vec<(&String, &str, &String)> = usage
+        .targets
+        .iter()
+        .filter_map(|(r, t)| Some((r, t.target.text.as_str(), ceilings.get(r)?)))
+        .collect();
+    (!both.is_empty()).then(|| UsageSpec {
+        target_utilization: both
+            .iter()
+            .map(|(r, target, _)| (r.to_string(), target.to_string()))
+            .collect(),
+        max_ratios: both
+            .iter()
+            .map(|(r, _, ceiling)| (r.to_string(), ceiling.to_string()))
+            .collect(),
+        window: Some(format!("{}ms", usage.window.as_millis())),
+        min_change: Some(usage.min_change.text.clone()),
+        // Carried ceilings were valid when written; a memory ceiling above 2 was allowed then.
+        allow_high_memory_ratio: Some(true),
+    })
 }
 
 /// A node as the leader sees it: name, labels, applied annotation.
@@ -214,11 +266,7 @@ pub fn advance(
 /// `previous`; `advance` stamps `lastStepTime` exactly when it takes one): which nodes it
 /// admitted, to which generation, how many still wait.
 pub fn step_note(previous: Option<&RolloutStatus>, next: Option<&RolloutStatus>) -> Option<String> {
-    let next = next?;
-    let before = previous.and_then(|p| p.last_step_time.as_ref());
-    if next.last_step_time.is_none() || next.last_step_time.as_ref() == before {
-        return None;
-    }
+    let next = next.filter(|n| takes_step(previous, n))?;
     let admitted_before = previous.map_or(&[][..], |p| p.admitted.as_slice());
     let new: Vec<&str> = next
         .admitted
@@ -236,6 +284,13 @@ pub fn step_note(previous: Option<&RolloutStatus>, next: Option<&RolloutStatus>)
         new.join(", "),
         next.nodes_waiting
     ))
+}
+
+/// Whether `next` takes a step over `previous` (`advance` stamps `lastStepTime` exactly when it
+/// takes one).
+pub fn takes_step(previous: Option<&RolloutStatus>, next: &RolloutStatus) -> bool {
+    let before = previous.and_then(|p| p.last_step_time.as_ref());
+    next.last_step_time.is_some() && next.last_step_time.as_ref() != before
 }
 
 /// The Progressing condition's status, reason and message while a rollout is under way (None:

@@ -20,7 +20,12 @@ spec:
 
 /// The policy set of `POLICY` at generation 3, its status admitting `admitted`.
 fn set(admitted: &[&str]) -> PolicySet {
-    let mut policies = parse_policy_file(POLICY).unwrap_or_else(|e| panic!("{e}"));
+    set_of(POLICY, admitted)
+}
+
+/// The policy set of `yaml` (one policy) at generation 3, its status admitting `admitted`.
+fn set_of(yaml: &str, admitted: &[&str]) -> PolicySet {
+    let mut policies = parse_policy_file(yaml).unwrap_or_else(|e| panic!("{e}"));
     policies[0].metadata.generation = Some(3);
     policies[0].status = Some(crate::policy::OvercommitPolicyStatus {
         rollout: Some(RolloutStatus {
@@ -387,4 +392,163 @@ fn step_notes() {
         step_note(None, Some(&status(1, 0, 8, &["n0", "n1"]))).as_deref(),
         Some("step 1: admitted n0, n1 to generation 3; 8 nodes wait")
     );
+}
+
+const USAGE_POLICY: &str = r#"
+apiVersion: overcommit.dev/v1alpha1
+kind: OvercommitPolicy
+metadata: {name: lent}
+spec:
+  nodeRatios: {cpu: "1.25"}
+  usage:
+    targetUtilization: {cpu: "100%"}
+    maxRatios: {cpu: "1.5"}
+    window: 1m
+  rollout: {maxNodesPerStep: 1, stepInterval: 5s}
+"#;
+
+/// `USAGE_POLICY` at generation 3, its status admitting `admitted`.
+fn usage_set(admitted: &[&str]) -> PolicySet {
+    set_of(USAGE_POLICY, admitted)
+}
+
+/// Under a usage policy a raise is a higher ceiling or a higher fallback ratio; target, window
+/// and minChange are not compared; an annotation without ceilings carries its ratios as such.
+#[test]
+fn usage_raises_only_when_a_ceiling_or_the_fallback_goes_up() {
+    let set = usage_set(&[]);
+    let policy = set.policies().next().unwrap();
+    let cases = [
+        ("nothing carried", None, true),
+        (
+            "same ceiling and fallback (target, window or minChange changed)",
+            Some("policy=lent;ratios=cpu=1.25;generation=2;maxRatios=cpu=1.5;usage=cpu=6"),
+            false,
+        ),
+        (
+            "ceiling raised",
+            Some("policy=lent;ratios=cpu=1.25;generation=2;maxRatios=cpu=1.25;usage=cpu=5"),
+            true,
+        ),
+        (
+            "fallback raised, ceiling the same",
+            Some("policy=lent;ratios=cpu=1;generation=2;maxRatios=cpu=1.5"),
+            true,
+        ),
+        (
+            "both lowered",
+            Some("policy=lent;ratios=cpu=1.5;generation=2;maxRatios=cpu=2;usage=cpu=7"),
+            false,
+        ),
+        (
+            "no fallback carried: counts as 1",
+            Some("policy=lent;ratios=;generation=2;maxRatios=cpu=1.5"),
+            true,
+        ),
+        (
+            "written before ceilings were recorded: the ratio is the ceiling",
+            Some("policy=lent;ratios=cpu=1.25;generation=2;usage=cpu=5"),
+            true,
+        ),
+        (
+            "from a static policy at 1.5",
+            Some("policy=batch;ratios=cpu=1.5;generation=7"),
+            false,
+        ),
+        (
+            "from a static policy at 1.25",
+            Some("policy=batch;ratios=cpu=1.25;generation=7"),
+            true,
+        ),
+    ];
+    for (what, applied, want) in cases {
+        let a = applied.map(summary);
+        assert_eq!(raises(policy, a.as_ref()), want, "{what}");
+    }
+}
+
+/// A usage node waiting for its step follows usage under the ceiling it carries, and records
+/// it with the generation it carries; admitted, it takes the new ceiling. Raw cpu 4, 3 cpu
+/// requested, target 100%: 3 + 4 - peak, clamped to [4, 4 x ceiling].
+#[test]
+fn held_usage_nodes_follow_usage_under_the_carried_ceiling() {
+    let old = "policy=lent;ratios=cpu=1.25;generation=2;maxRatios=cpu=1.25;usage=cpu=5";
+    let raw = "cpu=4";
+    // (admitted, peak usage (millicores), applied (None: raw), allocatable cpu (None: raw, no
+    // policy), what the applied annotation becomes (None: unchanged))
+    type Case<'c> = (
+        &'c [&'c str],
+        u128,
+        Option<&'c str>,
+        Option<&'c str>,
+        Option<&'c str>,
+    );
+    let cases: [Case<'_>; 4] = [
+        (&[], 200, Some(old), Some("5"), None),
+        (
+            &[],
+            2500,
+            Some(old),
+            Some("4500m"),
+            Some("policy=lent;ratios=cpu=1.25;generation=2;maxRatios=cpu=1.25;usage=cpu=4500m"),
+        ),
+        (
+            &["n1"],
+            200,
+            Some(old),
+            Some("6"),
+            Some("policy=lent;ratios=cpu=1.25;generation=3;maxRatios=cpu=1.5;usage=cpu=6"),
+        ),
+        (&[], 200, None, None, None),
+    ];
+    for (admitted, peak, applied, want, written) in cases {
+        let set = usage_set(admitted);
+        let annotations = applied.map(|a| {
+            map(&[
+                ("overcommit.dev/applied", a),
+                ("overcommit.dev/raw-allocatable", raw),
+            ])
+        });
+        let allocatable = map(&[("cpu", if applied.is_some() { "5" } else { "4" })]);
+        let capacity = map(&[("cpu", "4")]);
+        let labels = map(&[]);
+        let view = NodeView {
+            has_metadata: true,
+            labels: Some(&labels),
+            annotations: annotations.as_ref(),
+            allocatable: Some(&allocatable),
+            capacity: Some(&capacity),
+            conditions: None,
+        };
+        let held = held(&set, "n1", &view, None);
+        assert_eq!(held.is_none(), !admitted.is_empty(), "{admitted:?}");
+        let policies = held.as_ref().unwrap_or(&set);
+        let usage = node::usage::NodeUsage {
+            cpu: Some(node::usage::UsageView::fresh(3000, peak)),
+            memory: None,
+        };
+        let decision = node::decide_with_usage(
+            &view,
+            Some(&view),
+            policies,
+            crate::Account::PatchOnly,
+            None,
+            Some(&usage),
+        )
+        .unwrap();
+        let patch = format!("{:?}", decision.patch);
+        let what = format!("{admitted:?} peak {peak} {applied:?}: {patch}");
+        let Some(cpu) = want else {
+            assert_eq!(decision.outcome, NodeOutcome::NoPolicy, "{what}");
+            continue;
+        };
+        let Some(text) = written else {
+            // Unchanged: the stored value (5) stands.
+            assert!(decision.patch.is_empty() && cpu == "5", "{what}");
+            continue;
+        };
+        let allocatable = format!("\"/status/allocatable/cpu\", value: String(\"{cpu}\")");
+        assert!(patch.contains(&allocatable), "{what}");
+        assert!(patch.contains(text), "{what}");
+    }
 }

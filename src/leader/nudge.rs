@@ -12,8 +12,8 @@
 //!   (`node::decide`) on the node as stored, as both object and oldObject: exactly when a nudge
 //!   changes something, and never when the node is at its policy (the rule does not compound,
 //!   rule 3.2: a nudge of such a node writes nothing). A node whose winning policy has
-//!   `spec.usage` is nudged only when the applied annotation names another policy, or names it
-//!   with no usage values (the fallback: nudged with the backoff below until usage is known):
+//!   `spec.usage` is nudged only when the applied annotation names another policy or another
+//!   generation of it (a new ceiling, say, or a rollout's step), or names it with no usage values (the fallback: nudged with the backoff below until usage is known):
 //!   its values come from usage the leader does not hold, and the webhook keeps them at each
 //!   kubelet write.
 //!   A node waiting for its step of a staged rollout (`overcommit_core::rollout`) is judged
@@ -115,16 +115,6 @@ impl Need {
     }
 }
 
-/// The policy named in an `overcommit.dev/applied` text, in either format (None: unreadable).
-fn applied_policy(text: &str) -> Option<String> {
-    if text.trim_start().starts_with('{') {
-        let value: serde_json::Value = serde_json::from_str(text).ok()?;
-        return value.get("policy")?.as_str().map(str::to_string);
-    }
-    let first = text.split(';').next()?;
-    first.strip_prefix("policy=").map(str::to_string)
-}
-
 /// Whether the node rule would change node `name` as stored under `policies` (a node waiting
 /// for its step of a staged rollout is judged as the webhook judges it: on what it carries).
 pub fn need(name: &str, node: &NodeFacts, policies: &PolicySet) -> Need {
@@ -136,14 +126,14 @@ pub fn need(name: &str, node: &NodeFacts, policies: &PolicySet) -> Need {
     {
         // On the fallback (no usage values written), a nudge lets the node follow usage once
         // it is known, which a quiet kubelet would bring only at its next report.
-        let applied = node.annotations.get(APPLIED_ANNOTATION);
-        let fallback = applied
-            .and_then(|text| node::applied_summary(text).ok())
-            .is_some_and(|a| a.usage.is_empty());
-        return match applied.and_then(|text| applied_policy(text)) {
-            Some(name) if name == policy.name && !fallback => Need::UpToDate,
-            _ => Need::Apply,
-        };
+        let applied = node
+            .annotations
+            .get(APPLIED_ANNOTATION)
+            .and_then(|text| node::applied_summary(text).ok());
+        let current = applied.is_some_and(|a| {
+            a.policy == policy.name && a.generation == policy.generation && !a.usage.is_empty()
+        });
+        return if current { Need::UpToDate } else { Need::Apply };
     }
     match node::decide_with_usage(&view, Some(&view), policies, Account::PatchOnly, None, None) {
         Ok(decision) if decision.patch.is_empty() => Need::UpToDate,

@@ -6,7 +6,8 @@
 //!
 //! Writes are batched: a watch event only marks the state changed; once per `TICK` a changed
 //! state is recomputed, and a policy whose status differs from what its object carries gets one
-//! merge patch of the status subresource, at most every `MIN_WRITE_INTERVAL` per policy. The
+//! merge patch of the status subresource, at most every `MIN_WRITE_INTERVAL` per policy (a
+//! staged rollout's step at once: steps are at most one per `stepInterval`). The
 //! patch carries the resourceVersion it was computed against (a 409 means a newer object is on
 //! its way through the watch) and goes out only while the claim holds. An unchanged world
 //! writes nothing: conditions keep their transition time while their status stays.
@@ -175,7 +176,9 @@ fn policy_entry(policy: OvercommitPolicy) -> (String, Watched) {
 }
 
 /// What is due: the policies whose desired status differs from the one they carry, and were
-/// not written within `MIN_WRITE_INTERVAL` (pure). Also whether any stays to write later.
+/// not written within `MIN_WRITE_INTERVAL`, or whose desired status takes a staged rollout's
+/// step (at most one per `stepInterval`, so a step is not up to 5 s late) (pure). Also whether
+/// any stays to write later.
 fn due<'d>(
     desired: &'d BTreeMap<String, OvercommitPolicyStatus>,
     policies: &HashMap<String, Watched>,
@@ -189,8 +192,13 @@ fn due<'d>(
         if current == Some(status) {
             continue;
         }
+        let step = status.rollout.as_ref().is_some_and(|next| {
+            rollout::takes_step(current.and_then(|c| c.rollout.as_ref()), next)
+        });
         match last_write.get(name) {
-            Some(at) if now.saturating_duration_since(*at) < MIN_WRITE_INTERVAL => later = true,
+            Some(at) if now.saturating_duration_since(*at) < MIN_WRITE_INTERVAL && !step => {
+                later = true
+            }
             _ => writes.push((name.as_str(), status)),
         }
     }
@@ -329,6 +337,7 @@ async fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use overcommit_core::policy::RolloutStatus;
 
     fn policy(name: &str, status: Option<OvercommitPolicyStatus>) -> (String, Watched) {
         let mut p = OvercommitPolicy::new(name, Default::default());
@@ -376,6 +385,49 @@ mod tests {
         assert!(later);
         let (_, later) = due(&desired, &policies, &HashMap::new(), now);
         assert!(!later);
+    }
+
+    /// A status that takes a rollout's step goes out within `MIN_WRITE_INTERVAL`; one that
+    /// only changes the counts of a rollout does not.
+    #[test]
+    fn a_step_is_written_at_once() {
+        let now = Instant::now();
+        let rollout = |step: i64, last: &str, waiting: i64| OvercommitPolicyStatus {
+            rollout: Some(RolloutStatus {
+                step,
+                last_step_time: Some(last.to_string()),
+                nodes_waiting: waiting,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let carried = rollout(1, "2026-01-01T00:00:00Z", 8);
+        let policies: HashMap<String, Watched> = [
+            policy("stepping", Some(carried.clone())),
+            policy("counting", Some(carried.clone())),
+        ]
+        .into();
+        let desired: BTreeMap<String, OvercommitPolicyStatus> = [
+            (
+                "stepping".to_string(),
+                rollout(2, "2026-01-01T00:00:10Z", 6),
+            ),
+            (
+                "counting".to_string(),
+                rollout(1, "2026-01-01T00:00:00Z", 7),
+            ),
+        ]
+        .into();
+        let recently = now - Duration::from_secs(1);
+        let last_write: HashMap<String, Instant> = [
+            ("stepping".to_string(), recently),
+            ("counting".to_string(), recently),
+        ]
+        .into();
+        let (writes, later) = due(&desired, &policies, &last_write, now);
+        let names: Vec<&str> = writes.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["stepping"]);
+        assert!(later);
     }
 
     /// A node event counts as a change only when labels or the applied annotation changed.

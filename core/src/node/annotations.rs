@@ -131,6 +131,14 @@ struct AppliedIn<'a> {
     ratios: StrMap<'a>,
     #[serde(default, borrow, deserialize_with = "borrowed::str_map")]
     usage: StrMap<'a>,
+    /// A usage policy's ceilings (absent: a static policy, or written before they were recorded).
+    #[serde(
+        default,
+        borrow,
+        rename = "maxRatios",
+        deserialize_with = "borrowed::str_map"
+    )]
+    max_ratios: StrMap<'a>,
     /// The policy's generation (absent: written before it was recorded, or by a file policy).
     #[serde(default)]
     generation: Option<i64>,
@@ -336,9 +344,9 @@ fn listed_entry(text: &str, start: usize) -> Option<(&str, &str, usize)> {
     (!name.starts_with('{') && !value.starts_with('{')).then_some((name, value, end))
 }
 
-/// `policy=NAME;ratios=LIST[;generation=N][;usage=LIST]`: the ratios, the usage values (empty
-/// when absent) and the policy's generation (None when absent: written before it was recorded,
-/// or by a policy from a file).
+/// `policy=NAME;ratios=LIST[;generation=N][;maxRatios=LIST][;usage=LIST]`: the ratios, a usage
+/// policy's ceilings and the usage values (each empty when absent) and the policy's generation
+/// (None when absent: written before it was recorded, or by a policy from a file).
 fn listed_applied(text: &str) -> Result<ListedApplied<'_>, String> {
     let mut sections = text.split(';').peekable();
     let mut section = |name: &str, optional: bool| -> Result<Option<&str>, String> {
@@ -363,6 +371,10 @@ fn listed_applied(text: &str) -> Result<ListedApplied<'_>, String> {
         Some(text) => Some(parse_generation(text)?),
         None => None,
     };
+    let max_ratios = match section("maxRatios", true)? {
+        Some(max) => listed_map(max)?,
+        None => StrMap::default(),
+    };
     let usage = match section("usage", false)? {
         Some(usage) => listed_map(usage)?,
         None => StrMap::default(),
@@ -374,6 +386,7 @@ fn listed_applied(text: &str) -> Result<ListedApplied<'_>, String> {
         policy,
         ratios,
         generation,
+        max_ratios,
         usage,
     })
 }
@@ -383,6 +396,7 @@ struct ListedApplied<'a> {
     policy: &'a str,
     ratios: StrMap<'a>,
     generation: Option<i64>,
+    max_ratios: StrMap<'a>,
     usage: StrMap<'a>,
 }
 
@@ -403,8 +417,11 @@ pub struct AppliedSummary {
     pub policy: String,
     /// None: written before generations were recorded, or by a policy without one (a file).
     pub generation: Option<i64>,
-    /// The ratios as written, by resource.
+    /// The ratios as written, by resource (a usage policy's: its fallback `nodeRatios`).
     pub ratios: BTreeMap<String, String>,
+    /// A usage policy's ceilings (`spec.usage.maxRatios`) as written, by resource (empty: a
+    /// static policy, or written before ceilings were recorded).
+    pub max_ratios: BTreeMap<String, String>,
     /// The values the usage rule wrote, by resource (empty: none).
     pub usage: BTreeMap<String, String>,
 }
@@ -426,6 +443,7 @@ pub fn applied_summary(text: &str) -> Result<AppliedSummary, AnnotationError> {
             policy: applied.policy.to_string(),
             generation: applied.generation,
             ratios: owned(&applied.ratios),
+            max_ratios: owned(&applied.max_ratios),
             usage: owned(&applied.usage),
         });
     }
@@ -437,6 +455,7 @@ pub fn applied_summary(text: &str) -> Result<AppliedSummary, AnnotationError> {
         policy: listed.policy.to_string(),
         generation: listed.generation,
         ratios: owned(&listed.ratios),
+        max_ratios: owned(&listed.max_ratios),
         usage: owned(&listed.usage),
     })
 }
@@ -521,6 +540,7 @@ impl Desired<'_> {
                 policy: &self.policy.name,
                 ratios: RatiosOut(&self.policy.ratios),
                 generation: self.policy.generation,
+                max_ratios: MaxRatiosOut(self.policy),
                 usage: UsageOut(self.usage_written),
             };
             serde_json::to_writer(out, &applied)
@@ -528,8 +548,9 @@ impl Desired<'_> {
     }
 }
 
-/// `policy=NAME;ratios=LIST[;generation=N]`, a policy's part of the applied annotation (None: its name or a
-/// ratio cannot be listed), made once per policy: every node it inflates carries it.
+/// `policy=NAME;ratios=LIST[;generation=N][;maxRatios=LIST]`, a policy's part of the applied
+/// annotation (None: its name or a ratio cannot be listed), made once per policy: every node it
+/// inflates carries it.
 fn static_applied(policy: &CompiledPolicy) -> Option<&str> {
     policy
         .applied_listed
@@ -541,7 +562,10 @@ fn static_applied(policy: &CompiledPolicy) -> Option<&str> {
                     .iter()
                     .map(|(r, (t, _))| (r.as_str(), t.as_str()))
             };
-            if !is_listable(&policy.name) || !ratios().all(pair) {
+            if !is_listable(&policy.name)
+                || !ratios().all(pair)
+                || !max_ratio_texts(policy).all(pair)
+            {
                 return None;
             }
             let mut out = format!("policy={};ratios=", policy.name);
@@ -551,6 +575,13 @@ fn static_applied(policy: &CompiledPolicy) -> Option<&str> {
             });
             if let Some(generation) = policy.generation {
                 out.push_str(&format!(";generation={generation}"));
+            }
+            if policy.usage.is_some() {
+                out.push_str(";maxRatios=");
+                list(max_ratio_texts(policy), &mut |piece| {
+                    out.push_str(piece);
+                    true
+                });
             }
             Some(out)
         })
@@ -575,8 +606,34 @@ struct AppliedOut<'p> {
     ratios: RatiosOut<'p>,
     #[serde(skip_serializing_if = "Option::is_none")]
     generation: Option<i64>,
+    #[serde(rename = "maxRatios", skip_serializing_if = "MaxRatiosOut::is_empty")]
+    max_ratios: MaxRatiosOut<'p>,
     #[serde(skip_serializing_if = "UsageOut::is_empty")]
     usage: UsageOut<'p>,
+}
+
+/// A usage policy's ceilings, by resource (none: a static policy).
+struct MaxRatiosOut<'p>(&'p CompiledPolicy);
+
+impl MaxRatiosOut<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.usage.is_none()
+    }
+}
+
+impl Serialize for MaxRatiosOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(max_ratio_texts(self.0))
+    }
+}
+
+/// A usage policy's ceilings as written, by resource in order (none: a static policy).
+fn max_ratio_texts(policy: &CompiledPolicy) -> impl Iterator<Item = (&str, &str)> {
+    policy
+        .usage
+        .iter()
+        .flat_map(|u| u.targets.iter())
+        .map(|(resource, target)| (resource.as_str(), target.max_ratio.0.as_str()))
 }
 
 /// Values the usage rule wrote, by resource (sorted and unique).
@@ -973,9 +1030,32 @@ mod tests {
             policy: policy.to_string(),
             generation,
             ratios: map(ratios),
+            max_ratios: BTreeMap::new(),
             usage: map(usage),
         };
+        let ceilings = |summary: AppliedSummary, max: &[(&str, &str)]| AppliedSummary {
+            max_ratios: map(max),
+            ..summary
+        };
         let cases: &[(&str, AppliedSummary)] = &[
+            (
+                "policy=u;ratios=cpu=2;generation=3;maxRatios=cpu=4;usage=cpu=6",
+                ceilings(
+                    summary("u", Some(3), &[("cpu", "2")], &[("cpu", "6")]),
+                    &[("cpu", "4")],
+                ),
+            ),
+            (
+                "policy=u;ratios=;maxRatios=cpu=4,memory=1.5",
+                ceilings(
+                    summary("u", None, &[], &[]),
+                    &[("cpu", "4"), ("memory", "1.5")],
+                ),
+            ),
+            (
+                r#"{"policy":"u q","ratios":{},"generation":2,"maxRatios":{"cpu":"3"}}"#,
+                ceilings(summary("u q", Some(2), &[], &[]), &[("cpu", "3")]),
+            ),
             (
                 "policy=batch;ratios=cpu=2,memory=1.5",
                 summary("batch", None, &[("cpu", "2"), ("memory", "1.5")], &[]),
@@ -1004,7 +1084,13 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(applied_summary(text).as_ref(), Ok(want), "{text}");
         }
-        for bad in ["", "policy=a", "{", "policy=a;ratios=cpu=2;generation=-1"] {
+        for bad in [
+            "",
+            "policy=a",
+            "{",
+            "policy=a;ratios=cpu=2;generation=-1",
+            "policy=a;ratios=cpu=2;usage=cpu=6;maxRatios=cpu=4",
+        ] {
             assert!(applied_summary(bad).is_err(), "{bad}");
         }
     }

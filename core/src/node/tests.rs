@@ -1027,14 +1027,16 @@ fn usage_annotation_records_the_value_written() {
     let stored = apply(&incoming, &decision.patch);
     assert_eq!(
         stored.pointer("/metadata/annotations/overcommit.dev~1applied"),
-        Some(&json!("policy=usage;ratios=cpu=2;usage=cpu=4352m"))
+        Some(&json!(
+            "policy=usage;ratios=cpu=2;maxRatios=cpu=4;usage=cpu=4352m"
+        ))
     );
-    // A fallback is a ratio: no usage member, so the annotation is the static one.
+    // A fallback is a ratio: no usage member (the ceilings are the policy's, recorded all the same).
     let decision = decide_usage_json(&incoming, None, &set, None).unwrap_or_else(|e| panic!("{e}"));
     let stored = apply(&incoming, &decision.patch);
     assert_eq!(
         stored.pointer("/metadata/annotations/overcommit.dev~1applied"),
-        Some(&json!("policy=usage;ratios=cpu=2"))
+        Some(&json!("policy=usage;ratios=cpu=2;maxRatios=cpu=4"))
     );
     let explained = decision.explain();
     assert!(

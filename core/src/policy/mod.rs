@@ -120,8 +120,8 @@ pub struct OvercommitPolicySpec {
     #[schemars(schema_with = "schema::cap_mode")]
     pub cap_mode: Option<CapMode>,
     /// Staged rollout: a change of this policy reaches its nodes a few at a time
-    /// (maxNodesPerStep every stepInterval, none while paused); raising no ratio is not paced.
-    /// Not with usage. See docs/policy.md, "Staged rollout".
+    /// (maxNodesPerStep every stepInterval, none while paused); raising no ratio (nor, with
+    /// usage, a ceiling) is not paced. See docs/policy.md, "Staged rollout".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutSpec>,
     /// The pressure taint: per resource, a node whose usage rises above `high` (a share of the
@@ -381,7 +381,6 @@ fn compile(policy: &OvercommitPolicy) -> Result<Compiled, PolicyError> {
     let compiled = validate::compile(policy)?;
     let rollout = rollout::compile(
         policy.spec.rollout.as_ref(),
-        compiled.usage.is_some(),
         policy.status.as_ref().and_then(|s| s.rollout.as_ref()),
     )
     .map_err(|reason| PolicyError::Invalid {

@@ -68,19 +68,11 @@ pub struct CompiledRollout {
 /// Validate `spec.rollout` (None: not set), reading the admitted nodes from `status`.
 pub(super) fn compile(
     spec: Option<&RolloutSpec>,
-    has_usage: bool,
     status: Option<&RolloutStatus>,
 ) -> Result<Option<CompiledRollout>, String> {
     let Some(spec) = spec else {
         return Ok(None);
     };
-    if has_usage {
-        return Err(
-            "spec.rollout is not supported with spec.usage (usage policies change the nodes' \
-             allocatable all the time; see docs/policy.md, \"Staged rollout\")"
-                .into(),
-        );
-    }
     let step = match &spec.max_nodes_per_step {
         IntOrString::Int(n) if *n >= 1 => StepSize::Nodes(*n as u32),
         IntOrString::Int(n) => {
@@ -175,7 +167,7 @@ mod tests {
             (spec(s("2"), Some("soon")), Err("stepInterval")),
         ];
         for (spec, want) in cases {
-            let got = compile(Some(&spec), false, None);
+            let got = compile(Some(&spec), None);
             match (got, want) {
                 (Ok(Some(c)), Ok((step, secs))) => {
                     assert_eq!((c.step, c.interval.as_secs()), (step, secs), "{spec:?}");
@@ -184,9 +176,7 @@ mod tests {
                 (got, want) => panic!("{spec:?}: got {got:?}, want {want:?}"),
             }
         }
-        assert_eq!(compile(None, true, None), Ok(None));
-        let usage = compile(Some(&spec(IntOrString::Int(1), None)), true, None);
-        assert!(usage.unwrap_err().contains("spec.usage"));
+        assert_eq!(compile(None, None), Ok(None));
     }
 
     #[test]

@@ -31,6 +31,15 @@ fn set(yaml: &str) -> PolicySet {
     PolicySet::new(parse_policy_file(yaml).unwrap()).unwrap()
 }
 
+/// `POLICIES` with every policy at `generation`.
+fn at_generation(generation: i64) -> PolicySet {
+    let mut policies = parse_policy_file(POLICIES).unwrap();
+    for p in &mut policies {
+        p.metadata.generation = Some(generation);
+    }
+    PolicySet::new(policies).unwrap()
+}
+
 /// `POLICIES` with batch's cpu ratio changed to 3.
 fn changed() -> PolicySet {
     set(&POLICIES.replacen(r#"cpu: "2"}"#, r#"cpu: "3"}"#, 1))
@@ -162,6 +171,28 @@ fn need_table() {
             ),
             set(POLICIES),
             Need::Apply,
+        ),
+        (
+            "usage policy: applied names it at an earlier generation (a new ceiling)",
+            node(
+                json!({"pool": "lent"}),
+                "11",
+                Some("cpu=8"),
+                Some("policy=lent;ratios=cpu=2;generation=1;maxRatios=cpu=4;usage=cpu=11"),
+            ),
+            at_generation(2),
+            Need::Apply,
+        ),
+        (
+            "usage policy: applied names it at its generation",
+            node(
+                json!({"pool": "lent"}),
+                "11",
+                Some("cpu=8"),
+                Some("policy=lent;ratios=cpu=2;generation=2;maxRatios=cpu=4;usage=cpu=11"),
+            ),
+            at_generation(2),
+            Need::UpToDate,
         ),
         (
             "usage policy: raw node",

@@ -1,6 +1,6 @@
 // Package annotations reads kube-overcommit's node annotations as the tests and the demo check
 // them: the listed format the webhook writes (`cpu=4,memory=16Gi` and
-// `policy=batch;ratios=cpu=2;generation=3`, core/src/node/annotations.rs) and the JSON one earlier versions
+// `policy=batch;ratios=cpu=2;generation=3`, with `;maxRatios=` and `;usage=` under a usage policy, core/src/node/annotations.rs) and the JSON one earlier versions
 // wrote (`{"cpu":"4"}`, `{"policy":"batch","ratios":{"cpu":"2"}}`).
 package annotations
 
@@ -24,8 +24,10 @@ type AppliedValue struct {
 	Ratios map[string]string `json:"ratios"`
 	// Generation is the policy's metadata.generation (0: not recorded, as earlier versions
 	// and policies from a file write it).
-	Generation int64             `json:"generation,omitempty"`
-	Usage      map[string]string `json:"usage,omitempty"`
+	Generation int64 `json:"generation,omitempty"`
+	// MaxRatios is a usage policy's ceilings (empty: a static policy, or not recorded).
+	MaxRatios map[string]string `json:"maxRatios,omitempty"`
+	Usage     map[string]string `json:"usage,omitempty"`
 }
 
 func isJSON(text string) bool {
@@ -77,7 +79,7 @@ func ParseApplied(text string) (AppliedValue, error) {
 		return out, nil
 	}
 	sections := strings.Split(text, ";")
-	// policy, ratios, then an optional generation, then an optional usage.
+	// policy, ratios, then an optional generation, an optional maxRatios, an optional usage.
 	if len(sections) > 2 {
 		if value, ok := strings.CutPrefix(sections[2], "generation="); ok {
 			g, err := strconv.ParseInt(value, 10, 64)
@@ -85,6 +87,16 @@ func ParseApplied(text string) (AppliedValue, error) {
 				return out, fmt.Errorf("%s=%q: generation %q is not a positive integer", Applied, text, value)
 			}
 			out.Generation = g
+			sections = append(sections[:2:2], sections[3:]...)
+		}
+	}
+	if len(sections) > 2 {
+		if value, ok := strings.CutPrefix(sections[2], "maxRatios="); ok {
+			max, err := ParseList(value)
+			if err != nil {
+				return out, fmt.Errorf("%s=%q: %v", Applied, text, err)
+			}
+			out.MaxRatios = max
 			sections = append(sections[:2:2], sections[3:]...)
 		}
 	}
