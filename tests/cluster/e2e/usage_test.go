@@ -28,6 +28,10 @@ package e2e
 //     with its old timestamp, the replicas call the sample stale by that timestamp (older than
 //     its window + 3 polls), write the fallback (6 cores) and count reason="stale"; thawed, the
 //     node follows usage again.
+//  3c. A second usage policy over three more fake nodes (4 cpu, 3 requested, usage 200m),
+//     target 100%: its ceiling raised from 1.25 to 1.5 under spec.rollout (1 node per 5 s
+//     step) moves the nodes from cpu 5 to 6 one per step, none above the ceiling its
+//     annotation records (checkUsageRollout, rollout_test.go); then that policy is deleted.
 //  4. metrics-server stopped: from the first 503 of metrics.k8s.io, the fallback (6 cores)
 //     applies within 3 polls (plus one status write), and kube_overcommit_usage_fallbacks_total
 //     {reason="metrics_failing"} counts it.
@@ -83,7 +87,7 @@ func TestUsage(t *testing.T) {
 	if c.External {
 		t.Fatal("TestUsage reads its API server's audit log: it needs its own control plane (unset KCP_KUBECONFIG)")
 	}
-	ctx := harness.Context(t, 6*time.Minute+noise)
+	ctx := harness.Context(t, 7*time.Minute+noise)
 	cs := c.Client
 	dyn, err := dynamic.NewForConfig(c.RestConfig)
 	if err != nil {
@@ -143,6 +147,7 @@ func TestUsage(t *testing.T) {
 		}
 	}
 	setUsage("800m")
+	staged := startUsageStaged(t, ctx, c, ns)
 
 	// 0. Static policies only, the node up with its pod: no replica has asked for pods or
 	// NodeMetrics.
@@ -351,6 +356,10 @@ func TestUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("thawed: follows usage again (%s)", since())
+
+	// 3c. A usage policy's ceiling raised under spec.rollout: by steps (rollout_test.go).
+	checkUsageRollout(t, ctx, cs, dyn, staged)
+	t.Logf("usage ceiling by steps done (%s)", since())
 
 	// 4. metrics-server stopped: the fallback within 3 polls of the API failing, counted.
 	failingBefore, err := sumMetric(in, `kube_overcommit_usage_fallbacks_total{reason="metrics_failing"}`)
