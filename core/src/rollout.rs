@@ -205,6 +205,8 @@ pub fn movers<'n, L: LabelLookup + 'n>(
 /// step is due when nodes wait, the rollout is not paused and `interval` has passed since the
 /// last step; it admits the first waiting nodes by name, so many that at most a step's worth are
 /// admitted and not yet moved (a node that never takes its step holds one place, not all).
+/// Admission is to a generation: after an edit, nodes admitted to the previous one wait again
+/// (one that moved but is still listed would otherwise take the new spec without a step).
 pub fn advance(
     rollout: &CompiledRollout,
     generation: Option<i64>,
@@ -214,10 +216,11 @@ pub fn advance(
     now: jiff::Timestamp,
 ) -> RolloutStatus {
     let previous = previous.cloned().unwrap_or_default();
+    let same_generation = previous.generation == generation;
     let mut admitted: Vec<String> = previous
         .admitted
         .iter()
-        .filter(|n| movers.binary_search(&n.as_str()).is_ok())
+        .filter(|n| same_generation && movers.binary_search(&n.as_str()).is_ok())
         .cloned()
         .collect();
     let waiting: Vec<&str> = movers

@@ -29,6 +29,7 @@ fn set_of(yaml: &str, admitted: &[&str]) -> PolicySet {
     policies[0].metadata.generation = Some(3);
     policies[0].status = Some(crate::policy::OvercommitPolicyStatus {
         rollout: Some(RolloutStatus {
+            generation: Some(3),
             admitted: admitted.iter().map(|s| s.to_string()).collect(),
             ..RolloutStatus::default()
         }),
@@ -249,7 +250,7 @@ fn steps() {
             },
         },
         Case {
-            what: "a second edit mid-rollout keeps the pace and the admitted nodes",
+            what: "a second edit mid-rollout keeps the pace; the admitted nodes wait again",
             rollout: two.clone(),
             generation: 4,
             previous: Some(status(2, 10, 6, &["n4"])),
@@ -257,7 +258,19 @@ fn steps() {
             now: 15,
             want: RolloutStatus {
                 generation: Some(4),
-                ..status(2, 10, 9, &["n4"])
+                ..status(2, 10, 10, &[])
+            },
+        },
+        Case {
+            what: "a second edit: the next step at the old pace, admitting the first by name",
+            rollout: two.clone(),
+            generation: 4,
+            previous: Some(status(2, 10, 6, &["n4"])),
+            movers: &ten,
+            now: 20,
+            want: RolloutStatus {
+                generation: Some(4),
+                ..status(3, 20, 8, &["n0", "n1"])
             },
         },
         Case {

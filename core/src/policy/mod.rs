@@ -381,6 +381,7 @@ fn compile(policy: &OvercommitPolicy) -> Result<Compiled, PolicyError> {
     let compiled = validate::compile(policy)?;
     let rollout = rollout::compile(
         policy.spec.rollout.as_ref(),
+        policy.metadata.generation,
         policy.status.as_ref().and_then(|s| s.rollout.as_ref()),
     )
     .map_err(|reason| PolicyError::Invalid {

@@ -31,7 +31,8 @@ pub struct RolloutSpec {
     /// Default 30s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_interval: Option<String>,
-    /// No node is admitted while true; nodes already admitted still move.
+    /// No node is admitted while true (setting it is an edit: a node admitted and not yet moved
+    /// waits again).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
 }
@@ -65,9 +66,12 @@ pub struct CompiledRollout {
     pub admitted: BTreeSet<String>,
 }
 
-/// Validate `spec.rollout` (None: not set), reading the admitted nodes from `status`.
+/// Validate `spec.rollout` (None: not set), reading the admitted nodes from `status` when it
+/// is about `generation`, the policy's current one (nodes admitted to an earlier generation
+/// wait until the leader admits them again).
 pub(super) fn compile(
     spec: Option<&RolloutSpec>,
+    generation: Option<i64>,
     status: Option<&RolloutStatus>,
 ) -> Result<Option<CompiledRollout>, String> {
     let Some(spec) = spec else {
@@ -97,6 +101,7 @@ pub(super) fn compile(
             })?,
     };
     let admitted = status
+        .filter(|s| s.generation == generation)
         .map(|s| s.admitted.iter().cloned().collect())
         .unwrap_or_default();
     Ok(Some(CompiledRollout {
@@ -167,7 +172,7 @@ mod tests {
             (spec(s("2"), Some("soon")), Err("stepInterval")),
         ];
         for (spec, want) in cases {
-            let got = compile(Some(&spec), None);
+            let got = compile(Some(&spec), Some(1), None);
             match (got, want) {
                 (Ok(Some(c)), Ok((step, secs))) => {
                     assert_eq!((c.step, c.interval.as_secs()), (step, secs), "{spec:?}");
@@ -176,7 +181,26 @@ mod tests {
                 (got, want) => panic!("{spec:?}: got {got:?}, want {want:?}"),
             }
         }
-        assert_eq!(compile(None, None), Ok(None));
+        assert_eq!(compile(None, Some(1), None), Ok(None));
+    }
+
+    /// The admitted nodes count only for the generation the status is about.
+    #[test]
+    fn admitted_nodes_belong_to_a_generation() {
+        let status = RolloutStatus {
+            generation: Some(4),
+            admitted: vec!["n1".into()],
+            ..RolloutStatus::default()
+        };
+        let one = spec(IntOrString::Int(1), None);
+        let admitted = |generation| {
+            compile(Some(&one), Some(generation), Some(&status))
+                .ok()
+                .flatten()
+                .map(|c| c.admitted.len())
+        };
+        assert_eq!(admitted(4), Some(1));
+        assert_eq!(admitted(5), Some(0));
     }
 
     #[test]

@@ -18,10 +18,11 @@ package e2e
 // The timeline is logged.
 // Then a second edit mid-rollout (checkSecondEdit): with one node relabelled out of the pool
 // (raw at once), cpu 2 (8) with 3 nodes per 5 s step; after the first step, cpu 2.5 (10), and
-// the node relabelled back in. The nodes that moved to 8 stay there until a step admits them
-// again, the others stay at 6, the joiner stays raw (4) until a step admits it; at most 3
-// admitted at any sample, steps at least 5 s apart, and never more nodes at 10 than the steps
-// since the second edit allow (plus those admitted and not yet moved when it came).
+// the node relabelled back in. No node moves off 6 but by a step (the last rollout's admitted
+// list does not carry over to a new generation); the nodes that moved to 8 stay there until a
+// step admits them again, the others stay at 6, the joiner stays raw (4) until a step admits it;
+// at most 3 admitted at any sample, steps at least 5 s apart, and never more nodes at 10 than
+// the steps since the second edit allow (plus those admitted and not yet moved when it came).
 
 import (
 	"context"
@@ -593,6 +594,17 @@ func checkSecondEdit(t *testing.T, ctx context.Context, cs kubernetes.Interface,
 	for i, s := range samples {
 		if len(s.admitted) > step {
 			t.Errorf("at %.1fs: %d nodes admitted at once, above the step of %d", s.at.Sub(start).Seconds(), len(s.admitted), step)
+		}
+		if i < from {
+			// Before the second edit: the first sample's status may still be the last rollout's
+			// (a finished one restarts the step count).
+			steps := s.step - samples[0].step
+			if s.step < samples[0].step {
+				steps = s.step
+			}
+			if moved := s.count("8") + s.count("10"); moved > step*int(steps) {
+				t.Errorf("at %.1fs: %d nodes moved off cpu 6 after %d steps of %d", s.at.Sub(start).Seconds(), moved, steps, step)
+			}
 		}
 		if i >= from {
 			if allowed := step*int(s.step-first.step) + len(first.admitted); s.count("10") > allowed {
