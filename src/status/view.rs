@@ -646,7 +646,7 @@ spec:
   nodeRatios: {cpu: "2"}
   rollout: {maxNodesPerStep: 1}
 status:
-  rollout: {admitted: [n2]}
+  rollout: {generation: 3, admitted: [n2]}
 "#;
         let mut listed = parse_policy_file(yaml).expect("policies");
         listed[0].metadata.generation = Some(3);
