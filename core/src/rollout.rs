@@ -102,8 +102,10 @@ fn moves(policy: &CompiledPolicy, applied: Option<&AppliedSummary>) -> bool {
 /// The hook of the review path: the policies the node rule should run under for node `name`
 /// (None: `set` itself). `node` and `stored` as `node::decide` takes them; the annotation read
 /// is the one the rule reads.
+/// `choice`: what `set` chose for the node (the caller matched it once; it is not matched again).
 pub fn held(
     set: &PolicySet,
+    choice: &NodeChoice<'_>,
     name: &str,
     node: &NodeView<'_>,
     stored: Option<&NodeView<'_>>,
@@ -111,7 +113,7 @@ pub fn held(
     if !set.has_rollout() {
         return None;
     }
-    let NodeChoice::Policy(policy) = set.for_node(&node.labels) else {
+    let NodeChoice::Policy(policy) = *choice else {
         return None;
     };
     let rollout = set.rollout(&policy.name)?;

@@ -131,7 +131,7 @@ fn held_nodes_keep_what_they_carry() {
             capacity: Some(&capacity),
             conditions: None,
         };
-        let held = held(&set, "n1", &view, None);
+        let held = held(&set, &set.for_node(&view.labels), "n1", &view, None);
         assert_eq!(held.is_some(), want, "{admitted:?} {applied:?}");
         let Some(held) = held else { continue };
         let decision = node::decide(&view, Some(&view), &held).unwrap();
@@ -533,7 +533,7 @@ fn held_usage_nodes_follow_usage_under_the_carried_ceiling() {
             capacity: Some(&capacity),
             conditions: None,
         };
-        let held = held(&set, "n1", &view, None);
+        let held = held(&set, &set.for_node(&view.labels), "n1", &view, None);
         assert_eq!(held.is_none(), !admitted.is_empty(), "{admitted:?}");
         let policies = held.as_ref().unwrap_or(&set);
         let usage = node::usage::NodeUsage {

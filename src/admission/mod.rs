@@ -388,7 +388,7 @@ fn decide_node_review(
     let held = request
         .name
         .as_deref()
-        .and_then(|name| rollout::held(policies, name, &node, stored.as_ref()));
+        .and_then(|name| rollout::held(policies, &choice, name, &node, stored.as_ref()));
     let held_choice = held.as_ref().map(|set| set.for_node(&node.labels));
     let choice = held_choice.as_ref().unwrap_or(&choice);
     // Quiet heartbeats: status updates only (a registration has no stored node); the clock is

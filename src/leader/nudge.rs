@@ -119,7 +119,8 @@ impl Need {
 /// for its step of a staged rollout is judged as the webhook judges it: on what it carries).
 pub fn need(name: &str, node: &NodeFacts, policies: &PolicySet) -> Need {
     let view = node.view();
-    let held = rollout::held(policies, name, &view, Some(&view));
+    let choice = policies.for_node(&view.labels);
+    let held = rollout::held(policies, &choice, name, &view, Some(&view));
     let policies = held.as_ref().unwrap_or(policies);
     if let NodeChoice::Policy(policy) = policies.for_node(&view.labels)
         && policy.usage.is_some()
