@@ -8,10 +8,14 @@ status differs, else every 5 min), measures with the webhook registered and with
   - the API server's own view of the webhook call (apiserver_admission_webhook_admission_duration_seconds);
   - the control plane's CPU (one process here: API server and embedded etcd, its
     process_cpu_seconds_total) per nodes/status PATCH it served (apiserver_request_total).
-Phases: no overcommit; in-process (the bench policy compiled by `kube-overcommit compile-inprocess`
-into a MutatingAdmissionPolicy and binding, no webhook); each webhook.
+  - in the in-process phase, the node reviews kube-overcommit's webhook received (its own metrics):
+    0, or the run fails.
+Phases (MEASURED_PHASES): no overcommit; in-process (kube-overcommit `serve --mode in-process`, one
+replica with its leader, which keeps the compiled policy and narrows its node webhook); each webhook.
 kube-overcommit runs as a local process behind a Service through `kcp.sh backend` (the cluster's
 service resolver), with failurePolicy Ignore and timeoutSeconds 2 as the product deploys it.
+The probe PATCHes are written as the node (impersonated), as the fake kubelets write: the compiled
+policy takes kubelet writes only.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import copy
 import http.client
 import json
 import os
+import shutil
 import signal
 import ssl
 import statistics
@@ -32,8 +37,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from common import (HERE, INPROCESS_PHASE, INPROCESS_QUIET_PHASE, KCP, KUBELET_UPDATE_S, OUT, PHASES, QUIET_PHASE, REPORT_FREQUENCY_S, ROOT, Server,
-                    apiserver_markdown, make_servers, payload_path, quantity, wait_for, wait_ready)
+from common import (HERE, INPROCESS_QUIET_PHASE, KCP, KUBELET_UPDATE_S, MEASURED_PHASES, OUT, PHASES, QUIET_PHASE, REPORT_FREQUENCY_S,
+                    ROOT, Server, apiserver_markdown, die_with_parent, make_servers, payload_path, quantity, wait_for, wait_ready)
 
 NAMESPACE = "overcommit-bench"
 SERVICE = "kube-overcommit-bench"
@@ -86,19 +91,26 @@ class Api:
     def new_conn(self, timeout: float = 30) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=timeout)
 
-    def headers(self, content_type: str | None = None) -> dict:
+    def headers(self, content_type: str | None = None, as_node: str | None = None) -> dict:
         h = {"Accept": "application/json"}
         if content_type:
             h["Content-Type"] = content_type
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
+        if as_node:
+            # As the kubelet of that node writes (the fake kubelets do the same); the API server
+            # adds system:authenticated.
+            h["Impersonate-User"] = f"system:node:{as_node}"
+            h["Impersonate-Group"] = "system:nodes"
         return h
 
-    def request(self, method: str, path: str, body=None, content_type="application/json") -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body=None, content_type="application/json",
+                as_node: str | None = None) -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
         for attempt in (1, 2):
             try:
-                self.conn.request(method, path, body=data, headers=self.headers(content_type if data is not None else None))
+                self.conn.request(method, path, body=data,
+                                  headers=self.headers(content_type if data is not None else None, as_node))
                 r = self.conn.getresponse()
                 return r.status, r.read()
             except (http.client.RemoteDisconnected, ConnectionError):
@@ -186,6 +198,97 @@ def inprocess_off() -> None:
     kubectl("delete", "mutatingadmissionpolicy", WEBHOOK, "--ignore-not-found")
 
 
+# `serve --mode in-process` as deploy/components/in-process installs it: the placeholder policy and
+# binding it ships, named like the webhook configuration the leader keeps (--webhook-config-name).
+INPROCESS_NAME = "kube-overcommit"
+INPROCESS_SERVICE = "kube-overcommit-inprocess"
+INPROCESS_SHIPPED = ROOT / "deploy" / "components" / "in-process"
+INPROCESS_PORT, INPROCESS_PROBE_PORT = 18448, 18088
+NARROWING_CONDITION = "served-by-webhook"
+
+
+class InProcessReplica:
+    """One replica of kube-overcommit `serve --mode in-process` with its leader, as tests/cluster's
+    install package runs one: KUBECONFIG and the namespace in its environment, its serving Secret
+    (made by its leader) mirrored into its tls directory by `kcp secret-volume`, and the ready
+    backend of its own Service (port 443, which the leader's webhook configuration names).
+    Nudges off: this process writes with the admin's credentials, not the ServiceAccount the
+    compiled policy's condition names, so its nudges would be PATCHes neither path mutates; the
+    phase waits for the fleet's own reports instead, as the webhook phases do."""
+
+    def __init__(self, binary: Path, heartbeat_refresh: str):
+        self.tls = OUT / "inprocess-tls"
+        self.addr = f"127.0.0.1:{INPROCESS_PORT}"
+        self.server = Server(INPROCESS_QUIET_PHASE, [
+            str(binary), "serve", "--mode", "in-process", "--listen", self.addr, "--tls-dir", str(self.tls),
+            "--probe-listen", f"127.0.0.1:{INPROCESS_PROBE_PORT}", "--policy-file", str(HERE / "policy.yaml"),
+            "--heartbeat-refresh", heartbeat_refresh, "--namespace", NAMESPACE, "--service-name", INPROCESS_SERVICE,
+            "--webhook-config-name", INPROCESS_NAME, "--identity", "bench-inprocess", "--nudge-rate", "0",
+            # Quick bootstrap and hand-over, as tests/cluster runs it.
+            "--lease-ttl", "6s", "--lease-renew", "2s", "--check-interval", "1s", "--propagation-delay", "5s",
+            "--cert-reload-interval", "1s", "--shutdown-grace", "5s"],
+            INPROCESS_PORT, {"node": "/mutate", "pod": "/mutate"},
+            env={"KUBECONFIG": str(Path(os.environ["KCP_RUN_DIR"]) / "kubeconfig"), "POD_NAMESPACE": NAMESPACE})
+        self.volume: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.stop()
+        shutil.rmtree(self.tls, ignore_errors=True)
+        self.tls.mkdir(parents=True)
+        (OUT / "logs").mkdir(parents=True, exist_ok=True)
+        kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
+        # The leader keeps the status of OvercommitPolicy resources (none here: the policy is a
+        # file); without the CRD its watch would retry against a 404 every second.
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "deploy" / "crd" / "overcommitpolicies.yaml"))
+        kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/overcommitpolicies.overcommit.dev")
+        for shipped in ("policy.yaml", "binding.yaml"):
+            kubectl("apply", "-f", str(INPROCESS_SHIPPED / shipped))
+        self.volume = subprocess.Popen([str(KCP), "secret-volume", "--namespace", NAMESPACE, "--name", "kube-overcommit-tls",
+                                        "--dir", str(self.tls)], stdout=subprocess.DEVNULL,
+                                       stderr=open(OUT / "logs" / "inprocess-secret-volume.log", "wb"),
+                                       start_new_session=True, preexec_fn=die_with_parent)
+        subprocess.run([str(KCP), "backend", "add", "--namespace", NAMESPACE, "--service", INPROCESS_SERVICE, "--port", "443",
+                        "--addr", self.addr, "--ready-url", f"http://127.0.0.1:{INPROCESS_PROBE_PORT}/readyz"], check=True)
+        self.server.start()
+
+    def ready(self) -> bool:
+        if self.server.proc.poll() is not None:
+            raise RuntimeError(f"serve --mode in-process exited with {self.server.proc.returncode}; see {self.server.logfile}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{INPROCESS_PROBE_PORT}/readyz", timeout=5) as resp:
+            return resp.status == 200
+
+    def narrowed(self, api: Api) -> bool:
+        """The leader's node webhook carries its narrowing (the compiled policy is in force)."""
+        config = api.get(f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{INPROCESS_NAME}") or {}
+        return any(c.get("name") == NARROWING_CONDITION for w in config.get("webhooks", [])
+                   if w.get("name") == "nodes.overcommit.dev" for c in w.get("matchConditions") or [])
+
+    def wait_in_force(self, api: Api, raw: dict) -> None:
+        wait_for("the in-process replica ready (its certificate from its leader)", self.ready, timeout=180, interval=1)
+        wait_for("the in-process leader to narrow its node webhook", lambda: self.narrowed(api), timeout=120, interval=1)
+
+        def served_in_process() -> bool:
+            # Inflated without a node review at the webhook: the API server runs the compiled
+            # policy and has loaded the narrowed webhook configuration.
+            before = product_reviews(self.server)
+            return patch_latencies(api, raw, 1, as_node=True)["mutated"] == 1 and product_reviews(self.server) == before
+        wait_for("a probe PATCH inflated in-process, not by the webhook", served_in_process, timeout=90, interval=1)
+
+    def stop(self) -> None:
+        """Stops the replica, then removes what it kept (webhook configuration, compiled policy,
+        binding), so that the next phase starts from none of them."""
+        self.server.stop()
+        if self.volume and self.volume.poll() is None:
+            os.killpg(self.volume.pid, signal.SIGTERM)
+            self.volume.wait(timeout=30)
+        self.volume = None
+        subprocess.run([str(KCP), "backend", "remove", "--namespace", NAMESPACE, "--service", INPROCESS_SERVICE, "--port", "443",
+                        "--addr", self.addr], check=False, capture_output=True)
+        kubectl("delete", "mutatingwebhookconfiguration", INPROCESS_NAME, "--ignore-not-found")
+        kubectl("delete", "mutatingadmissionpolicybinding", INPROCESS_NAME, "--ignore-not-found")
+        kubectl("delete", "mutatingadmissionpolicy", INPROCESS_NAME, "--ignore-not-found")
+
+
 def control_plane_counters(api: Api) -> dict:
     """The control plane process's CPU seconds and the nodes/status PATCHes its API server served."""
     status, body = api.request("GET", "/metrics")
@@ -241,8 +344,9 @@ def _payload(name: str) -> Path:
     return path
 
 
-def patch_latencies(api: Api, raw_allocatable: dict, count: int) -> dict:
-    """Sequential kubelet-style status PATCHes (heartbeat + the kubelet's own allocatable)."""
+def patch_latencies(api: Api, raw_allocatable: dict, count: int, as_node: bool = False) -> dict:
+    """Sequential kubelet-style status PATCHes (heartbeat + the kubelet's own allocatable); `as_node`:
+    written as the node itself (impersonated), as its kubelet does."""
     lat = []
     mutated = 0
     for i in range(count):
@@ -251,7 +355,8 @@ def patch_latencies(api: Api, raw_allocatable: dict, count: int) -> dict:
                             "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": beat,
                                             "reason": "KubeletReady", "message": f"kubelet is posting ready status ({i})"}]}}
         t0 = time.perf_counter()
-        status, body = api.request("PATCH", f"/api/v1/nodes/{PROBE_NODE}/status", patch, "application/strategic-merge-patch+json")
+        status, body = api.request("PATCH", f"/api/v1/nodes/{PROBE_NODE}/status", patch, "application/strategic-merge-patch+json",
+                                   as_node=PROBE_NODE if as_node else None)
         lat.append((time.perf_counter() - t0) * 1000)
         if status != 200:
             raise RuntimeError(f"PATCH status: HTTP {status}: {body[:300]!r}")
@@ -327,6 +432,39 @@ def quiet_variants(product: Server) -> dict[str, Server]:
     return {QUIET_PHASE: Server(QUIET_PHASE, quiet, 18446, dict(product.paths))}
 
 
+def measure_phase(api: Api, phase: str, server: Server | None, raw: dict, nodes: int, probes: int, window: int) -> dict:
+    """One phase's figures: `probes` status PATCHes of the probe node (as the node), then `window`
+    seconds of the fleet's writes; the API server's and `server`'s counters over both."""
+    m0 = webhook_metrics(api)
+    cp0 = control_plane_counters(api)
+    cpu0 = server.cpu_seconds() if server else 0.0
+    reviews0 = product_reviews(server) if server else None
+    log(f"phase {phase}: {probes} status PATCHes, then {window}s of watching the fleet's writes")
+    lat = patch_latencies(api, raw, probes, as_node=True)
+    writes = node_writes(api, nodes, window)
+    m1 = webhook_metrics(api)
+    cp1 = control_plane_counters(api)
+    calls = m1["count"] - m0["count"]
+    reviews = None if reviews0 is None else product_reviews(server) - reviews0
+    if phase == INPROCESS_QUIET_PHASE and reviews != 0:
+        # The bench policy is static and selects every node: in-process mode serves them all.
+        raise RuntimeError(f"phase {phase}: the webhook received {reviews} node reviews (its kube_overcommit_reviews_total) "
+                           f"for nodes served in-process, want 0 (the API server called nodes.overcommit.dev {calls} times)")
+    if phase != INPROCESS_QUIET_PHASE and reviews is not None and reviews < probes:
+        # The phase's own server must have answered the API server's calls (at least the
+        # probes), or the phase measured another server.
+        raise RuntimeError(f"phase {phase}: its server answered {reviews} node reviews, "
+                           f"fewer than the {probes} probe PATCHes: the API server called another server")
+    out = {"patch": lat, "writes": writes, "webhook_calls": calls, "webhook_node_reviews": reviews,
+           "webhook_mean_ms": (m1["sum"] - m0["sum"]) / calls * 1000 if calls else None,
+           "server_cpu_s": (server.cpu_seconds() - cpu0) if server else None,
+           "control_plane": {"cpu_s": cp1["cpu_s"] - cp0["cpu_s"], "status_patches": cp1["status_patches"] - cp0["status_patches"]},
+           "server_rss_kib": server.status_kib("VmHWM") if server else None}
+    log(f"phase {phase}: PATCH p50 {lat['p50_ms']:.2f} p99 {lat['p99_ms']:.2f} ms; "
+        f"{writes['per_node_per_minute']:.2f} writes/node/min; node reviews at kube-overcommit {reviews}, API server's calls {calls}")
+    return out
+
+
 def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_UPDATE_S) -> dict:
     """`update_s`: each fake kubelet's status update frequency; the lease duration scales with it
     (renewed every quarter). Above the kubelet's 10 s a large fleet puts the write load of a
@@ -339,7 +477,7 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
     # Listing the whole fleet (~45 KB per Node) is itself load: poll a big fleet less often.
     poll_s = max(3.0, nodes / 100)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    results: dict = {"nodes": nodes, "window_s": window, "probes": probes, "update_s": update_s,
+    results: dict = {"nodes": nodes, "window_s": window, "probes": probes, "update_s": update_s, "probe_as_node": True,
                      "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit or "unknown"}
     cluster_started = False
     if subprocess.run([str(KCP), "kubectl", "get", "--raw", "/readyz"], capture_output=True).returncode != 0:
@@ -349,7 +487,7 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
     servers.update(quiet_variants(servers["kube-overcommit"]))
     for s in servers.values():
         s.start()
-    fleet = None
+    fleet = inproc = None
     api = Api()
     addr = {name: f"127.0.0.1:{s.port}" for name, s in servers.items()}
     try:
@@ -373,56 +511,39 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
         warmup = 20 if quick else 60
         log(f"fleet registered; {warmup}s warm-up")
         time.sleep(warmup)
-        for phase in PHASES:
+        inproc = InProcessReplica(bins["kube-overcommit"], f"{REPORT_FREQUENCY_S}s")
+        for phase in MEASURED_PHASES:
             for name, a in addr.items():
                 webhook_off(api, a, phase_port(name))
-            inprocess_off()
             server = servers.get(phase)
-            if phase in (INPROCESS_PHASE, INPROCESS_QUIET_PHASE):
-                refresh = f"{REPORT_FREQUENCY_S}s" if phase == INPROCESS_QUIET_PHASE else "0"
-                inprocess_on(bins["kube-overcommit"], refresh)
-                wait_for("the compiled policy to be in force", lambda: patch_latencies(api, raw, 1)["mutated"] == 1,
-                         timeout=60, interval=1)
+            if phase == INPROCESS_QUIET_PHASE:
+                inproc.start()
+                server = inproc.server
+                inproc.wait_in_force(api, raw)
+                # Each fake kubelet's next report (within REPORT_FREQUENCY_S) is inflated by the API server.
                 wait_for("every fleet node inflated", lambda: fleet_inflated(api), timeout=REPORT_FREQUENCY_S * 3, interval=poll_s)
             elif server:
                 webhook_on(api, tls, addr[phase], server.paths["node"], phase_port(phase))
                 # Wait until the API server calls the webhook: a probe PATCH comes back mutated.
-                wait_for("the webhook to be called", lambda: patch_latencies(api, raw, 1)["mutated"] == 1, timeout=60, interval=1)
+                wait_for("the webhook to be called", lambda: patch_latencies(api, raw, 1, as_node=True)["mutated"] == 1,
+                         timeout=60, interval=1)
                 # Each fake kubelet's next report (within REPORT_FREQUENCY_S) goes through the webhook;
                 # from then on its stored allocatable differs from its own, and it writes every 10 s.
                 wait_for("every fleet node inflated", lambda: fleet_inflated(api), timeout=REPORT_FREQUENCY_S * 3, interval=poll_s)
             else:
                 # Back to the kubelet's value (the annotations of an earlier phase stay, unused).
-                wait_for("the webhook to be gone", lambda: patch_latencies(api, raw, 1)["mutated"] == 0, timeout=60, interval=1)
-            m0 = webhook_metrics(api)
-            cp0 = control_plane_counters(api)
-            cpu0 = server.cpu_seconds() if server else 0.0
-            reviews0 = product_reviews(server) if server else None
-            log(f"webhook {phase}: {probes} status PATCHes, then {window}s of watching the fleet's writes")
-            lat = patch_latencies(api, raw, probes)
-            writes = node_writes(api, nodes, window)
-            m1 = webhook_metrics(api)
-            cp1 = control_plane_counters(api)
-            calls = m1["count"] - m0["count"]
-            if reviews0 is not None:
-                # The phase's own server must have answered the API server's calls (at least the
-                # probes), or the phase measured another server.
-                answered = product_reviews(server) - reviews0
-                if answered < probes:
-                    raise RuntimeError(f"phase {phase}: its server answered {answered} node reviews, "
-                                       f"fewer than the {probes} probe PATCHes: the API server called another server")
-            results[phase] = {"patch": lat, "writes": writes,
-                              "webhook_calls": calls,
-                              "webhook_mean_ms": (m1["sum"] - m0["sum"]) / calls * 1000 if calls else None,
-                              "server_cpu_s": (server.cpu_seconds() - cpu0) if server else None,
-                              "control_plane": {"cpu_s": cp1["cpu_s"] - cp0["cpu_s"],
-                                                "status_patches": cp1["status_patches"] - cp0["status_patches"]},
-                              "server_rss_kib": server.status_kib("VmHWM") if server else None}
-            log(f"webhook {phase}: PATCH p50 {lat['p50_ms']:.2f} p99 {lat['p99_ms']:.2f} ms; "
-                f"{writes['per_node_per_minute']:.2f} writes/node/min")
+                wait_for("the webhook to be gone", lambda: patch_latencies(api, raw, 1, as_node=True)["mutated"] == 0,
+                         timeout=60, interval=1)
+            results[phase] = measure_phase(api, phase, server, raw, nodes, probes, window)
+            if phase == INPROCESS_QUIET_PHASE:
+                inproc.stop()
+                wait_for("the compiled policy to be gone", lambda: patch_latencies(api, raw, 1, as_node=True)["mutated"] == 0,
+                         timeout=60, interval=1)
     finally:
         for name, a in addr.items():
             webhook_off(api, a, phase_port(name))
+        if inproc:
+            inproc.stop()
         inprocess_off()
         if fleet and fleet.poll() is None:
             os.killpg(fleet.pid, signal.SIGTERM)

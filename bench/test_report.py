@@ -69,5 +69,53 @@ class InProcessQuietRow(unittest.TestCase):
         self.assertIn("0.55 Node writes per node per minute against 0.50 without overcommit (1.10x)", text)
 
 
+
+def cpu_phase(cpu_ms_per_patch: float, **extra) -> dict:
+    p = apiserver_phase(6.0, 0.5)
+    p["control_plane"] = {"cpu_s": cpu_ms_per_patch, "status_patches": 1000}
+    p.update(extra)
+    return p
+
+
+class InProcessTargets(unittest.TestCase):
+    def run_of(self, inproc: float, webhook: float, off: float, reviews: int | None = 0, calls: int = 0) -> dict:
+        return {"nodes": 30, "probes": 10, "window_s": 60, "update_s": 10, "probe_as_node": True, "off": cpu_phase(off),
+                "in-process-quiet": cpu_phase(inproc, webhook_node_reviews=reviews, webhook_calls=calls),
+                "kube-overcommit-quiet": cpu_phase(webhook, webhook_node_reviews=400, webhook_calls=2000)}
+
+    def test_verdicts(self):
+        from common import inprocess_targets
+        cases = [  # in-process, webhook, off CPU ms per PATCH; reviews, calls -> PASS/FAIL of the three targets
+            ((11.0, 12.0, 10.0, 0, 0), [True, True, True]),
+            ((12.0, 12.0, 10.5, 0, 0), [True, True, True]),    # equal to the webhook's; +14% over none
+            ((12.1, 12.0, 10.0, 0, 0), [False, False, True]),  # above the webhook's; +21% over none
+            ((11.6, 12.0, 10.0, 0, 0), [True, False, True]),   # +16% over none
+            ((11.0, 12.0, 10.0, 3, 3), [True, True, False]),   # the hop is still there
+            ((11.0, 12.0, 10.0, 0, 1), [True, True, False]),   # the API server's witness disagrees
+        ]
+        for (inproc, webhook, off, reviews, calls), want in cases:
+            got = [ok for _, _, ok in inprocess_targets(self.run_of(inproc, webhook, off, reviews, calls))]
+            self.assertEqual(got, want, (inproc, webhook, off, reviews, calls))
+
+    def test_not_measured_and_old_runs(self):
+        from common import inprocess_targets
+        self.assertEqual(inprocess_targets({"off": cpu_phase(10.0)}), [])
+        r = self.run_of(11.0, 12.0, 10.0, reviews=None)
+        del r["kube-overcommit-quiet"]["control_plane"]
+        got = inprocess_targets(r)
+        self.assertEqual([ok for _, _, ok in got], [None, True, None])
+        self.assertIn("not counted", got[2][1])
+
+    def test_rendered_with_the_review_column(self):
+        from common import apiserver_markdown
+        text = "\n".join(apiserver_markdown(self.run_of(11.0, 12.0, 10.0)))
+        self.assertIn("| in-process control plane CPU per status PATCH at or below the webhook's (quiet heartbeats on in both) | "
+                      "11.00 against 12.00 ms (-8%) | PASS |", text)
+        self.assertIn("within 15% of no overcommit | 11.00 against 10.00 ms (+10%) | PASS |", text)
+        self.assertIn("| node reviews at the webhook during the in-process phase (every node is served in-process) | 0 (", text)
+        row = next(line for line in text.splitlines() if line.startswith("| in-process, quiet heartbeats |"))
+        self.assertEqual(row.split(" | ")[7:9], ["0", "0"])  # API server's calls, node reviews at kube-overcommit
+        self.assertIn("written as the node", text)
+
 if __name__ == "__main__":
     unittest.main()
