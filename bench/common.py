@@ -325,7 +325,9 @@ def apiserver_markdown(r: dict) -> list[str]:
               "MutatingWebhookConfiguration and narrows the node webhook (served-by-webhook) to the nodes the compiled "
               "policy leaves to it: none here, the bench policy being static and selecting every node. The phase is "
               "measured once the webhook is narrowed, a probe PATCH comes back inflated and every fleet node is inflated; "
-              "its node reviews are counted from its own /metrics over the phase.", ""]
+              "its node reviews are counted from its own /metrics over the phase. Its leader watches the Nodes (the raw "
+              "allocatable gauge, policy status), as a leader does in webhook mode too; the webhook phases here run without "
+              "a leader, so this phase's control plane CPU includes serving those watches and theirs does not.", ""]
     L += [
          "| path | PATCH nodes/status p50 ms | p90 ms | p99 ms | allocatable rewritten | Node writes / node / min | "
          "control plane CPU ms / status PATCH | webhook calls (API server's metric) | node reviews at kube-overcommit (its metrics) | "
