@@ -432,6 +432,22 @@ def quiet_variants(product: Server) -> dict[str, Server]:
     return {QUIET_PHASE: Server(QUIET_PHASE, quiet, 18446, dict(product.paths))}
 
 
+def reviews_wrong(phase: str, reviews: int | None, calls: int, probes: int) -> str | None:
+    """Why a phase's node reviews at kube-overcommit (its metrics; None: not kube-overcommit) make
+    its figures wrong, None if they do not."""
+    if phase == INPROCESS_QUIET_PHASE:
+        # The bench policy is static and selects every node: in-process mode serves them all.
+        if reviews != 0:
+            return (f"phase {phase}: the webhook received {reviews} node reviews (its kube_overcommit_reviews_total) "
+                    f"for nodes served in-process, want 0 (the API server called nodes.overcommit.dev {calls} times)")
+    elif reviews is not None and reviews < probes:
+        # The phase's own server must have answered the API server's calls (at least the
+        # probes), or the phase measured another server.
+        return (f"phase {phase}: its server answered {reviews} node reviews, "
+                f"fewer than the {probes} probe PATCHes: the API server called another server")
+    return None
+
+
 def measure_phase(api: Api, phase: str, server: Server | None, raw: dict, nodes: int, probes: int, window: int) -> dict:
     """One phase's figures: `probes` status PATCHes of the probe node (as the node), then `window`
     seconds of the fleet's writes; the API server's and `server`'s counters over both."""
@@ -446,15 +462,9 @@ def measure_phase(api: Api, phase: str, server: Server | None, raw: dict, nodes:
     cp1 = control_plane_counters(api)
     calls = m1["count"] - m0["count"]
     reviews = None if reviews0 is None else product_reviews(server) - reviews0
-    if phase == INPROCESS_QUIET_PHASE and reviews != 0:
-        # The bench policy is static and selects every node: in-process mode serves them all.
-        raise RuntimeError(f"phase {phase}: the webhook received {reviews} node reviews (its kube_overcommit_reviews_total) "
-                           f"for nodes served in-process, want 0 (the API server called nodes.overcommit.dev {calls} times)")
-    if phase != INPROCESS_QUIET_PHASE and reviews is not None and reviews < probes:
-        # The phase's own server must have answered the API server's calls (at least the
-        # probes), or the phase measured another server.
-        raise RuntimeError(f"phase {phase}: its server answered {reviews} node reviews, "
-                           f"fewer than the {probes} probe PATCHes: the API server called another server")
+    wrong = reviews_wrong(phase, reviews, calls, probes)
+    if wrong:
+        raise RuntimeError(wrong)
     out = {"patch": lat, "writes": writes, "webhook_calls": calls, "webhook_node_reviews": reviews,
            "webhook_mean_ms": (m1["sum"] - m0["sum"]) / calls * 1000 if calls else None,
            "server_cpu_s": (server.cpu_seconds() - cpu0) if server else None,

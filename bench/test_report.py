@@ -1,6 +1,9 @@
 """report.render with the binding check (bench.py binding_check): its payload row says what was
 decided, its section has kube-overcommit and the floor, and the ratio line names only the floor
-(go-webhook has no such check). Stdlib only, no cluster or build: part of `make test-unit`.
+(go-webhook has no such check). The API-server section: the in-process targets computed from its
+rows (CPU per status PATCH against the quiet webhook and no overcommit, node reviews at the webhook)
+and the check that fails a phase on the node reviews its server received. Stdlib only, no cluster
+or build: part of `make test-unit`.
 """
 
 from __future__ import annotations
@@ -116,6 +119,19 @@ class InProcessTargets(unittest.TestCase):
         row = next(line for line in text.splitlines() if line.startswith("| in-process, quiet heartbeats |"))
         self.assertEqual(row.split(" | ")[7:9], ["0", "0"])  # API server's calls, node reviews at kube-overcommit
         self.assertIn("written as the node", text)
+
+
+class PhaseReviews(unittest.TestCase):
+    def test_in_process_phase_fails_on_any_node_review(self):
+        import apiserver_bench
+        wrong = apiserver_bench.reviews_wrong
+        self.assertIsNone(wrong("in-process-quiet", 0, 0, 400))
+        self.assertIn("the webhook received 3 node reviews", wrong("in-process-quiet", 3, 3, 400))
+        self.assertIn("received None node reviews", wrong("in-process-quiet", None, 0, 400))  # not counted: fails too
+        self.assertIsNone(wrong("kube-overcommit", 520, 520, 400))
+        self.assertIn("answered 12 node reviews", wrong("kube-overcommit-quiet", 12, 420, 400))
+        self.assertIsNone(wrong("go-webhook", None, 420, 400))
+        self.assertIsNone(wrong("off", None, 0, 400))
 
 if __name__ == "__main__":
     unittest.main()
