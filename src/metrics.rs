@@ -18,7 +18,7 @@ use prometheus_client::encoding::{
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::{Metric, Registry};
+use prometheus_client::registry::Registry;
 
 /// Prefix of every metric name this binary exports.
 pub const PREFIX: &str = "kube_overcommit";
@@ -72,12 +72,6 @@ impl Metrics {
         Self {
             registry: Mutex::new(root),
         }
-    }
-
-    /// Register one more metric under the `kube_overcommit_` prefix. Metric types are cheap
-    /// handles (`Arc` inside): keep a clone and update it; the registry exports it.
-    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
-        self.with_registry(|r| r.register(name, help, metric));
     }
 
     /// Run `f` with the registry (already prefixed `kube_overcommit_`): a part registers its
@@ -198,7 +192,7 @@ mod tests {
         h.observe(Duration::from_micros(15)); // <= 20µs
         h.observe(Duration::from_secs(5)); // +Inf
         let m = Metrics::new();
-        m.register("test_latency_seconds", "test", h.clone());
+        m.with_registry(|r| r.register("test_latency_seconds", "test", h.clone()));
         let text = m.encode();
         assert!(
             text.contains(r#"kube_overcommit_test_latency_seconds_bucket{le="1e-5"} 1"#)
