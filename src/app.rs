@@ -487,21 +487,43 @@ fn start_usage(
 }
 
 /// The usage task's clients, from `serve`'s configuration.
-fn usage_clients(mut config: kube::Config) -> anyhow::Result<sources::usage::Clients> {
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(concat!(
-            "kube-overcommit/",
-            env!("CARGO_PKG_VERSION"),
-            " (usage)"
-        )),
-    ));
+fn usage_clients(config: kube::Config) -> anyhow::Result<sources::usage::Clients> {
+    let config = named(
+        config,
+        concat!("kube-overcommit/", env!("CARGO_PKG_VERSION"), " (usage)"),
+    );
     let mut once = config.clone();
     once.default_retry = false;
     Ok((
         kube::Client::try_from(config)?,
         kube::Client::try_from(once)?,
     ))
+}
+
+/// `config` naming itself `agent` in its User-Agent (the audit log tells the parts apart).
+fn named(mut config: kube::Config, agent: &'static str) -> kube::Config {
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(agent),
+    ));
+    config
+}
+
+/// Memory relief's client: `serve`'s configuration without retries (a refused eviction moves on
+/// to the next pod at once).
+fn relief_client(shared: &Shared) -> Result<kube::Client, String> {
+    let config = shared
+        .cluster
+        .as_ref()
+        .map_err(Clone::clone)?
+        .config
+        .clone();
+    let mut config = named(
+        config,
+        concat!("kube-overcommit/", env!("CARGO_PKG_VERSION"), " (relief)"),
+    );
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
 /// The policy file (read once now) or, without one, the OvercommitPolicy watch.
@@ -555,10 +577,12 @@ async fn start_leader(
         in_process,
         events,
         usage: (usage, args.usage_interval),
+        relief_client: relief_client(shared),
         metrics: shared.metrics.clone(),
         namespace: shared.namespace.clone(),
         request_cap: args.request_cap,
         usage_interval: args.usage_interval,
+        policy_file: args.source.policy_file.is_some(),
         shutdown: shared.shutdown.clone(),
         served,
         client: shared.client(),

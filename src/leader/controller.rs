@@ -66,6 +66,8 @@ pub struct ControllerSettings {
     pub propagation_delay: Duration,
     pub cert_source: CertSource,
     pub webhook: WebhookSettings,
+    /// Keep every OvercommitPolicy's status (`policy_status`): off with `serve --policy-file`.
+    pub policy_status: bool,
 }
 
 /// The longest the loop sleeps: drift is repaired within this even if a watch event is missed.

@@ -1,7 +1,8 @@
 //! Leader only: memory relief (`spec.eviction`; docs/policy.md "Memory relief"). Every
 //! `--usage-interval`, while a policy with `spec.eviction` is in force: the nodes are listed,
 //! each node whose winning policy has `spec.eviction` is judged against its latest NodeMetrics
-//! sample (`overcommit_core::eviction::need`); for a node above its critical watermark, its
+//! sample from the usage caches' poller (`sources::usage`, which runs while such a policy is
+//! in force) (`overcommit_core::eviction::need`); for a node above its critical watermark, its
 //! pods (`fieldSelector=spec.nodeName`) and the cluster's PodMetrics are read, ranked
 //! (`eviction::rank`), and evicted through the Eviction API (policy/v1, so
 //! PodDisruptionBudgets hold: a 429 moves on to the next candidate) until the node's allowance
@@ -13,9 +14,10 @@
 //! across a leader change a node loses at most 2 x maxPodsPerNode pods in one interval.
 //!
 //! Its client does not retry (kube's default retries 429 and 503 with a growing backoff: a
-//! refused eviction must move on at once, a metrics-server that is down must count at once).
+//! refused eviction must move on at once): a variant of `serve`'s one configuration.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
@@ -25,6 +27,7 @@ use kube::api::{
 use kube::{Api, Client};
 use overcommit_core::eviction::{self, Measured, Need, PodFacts, Ranked};
 use overcommit_core::policy::{CompiledEviction, NodeChoice, PolicySet};
+use overcommit_core::pressure::Polled;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -34,7 +37,7 @@ use prometheus_client::registry::Registry;
 use super::election::Claim;
 use crate::events::{Note, Recorder, node_ref};
 use crate::relief::{explain, pod_memory, pods_facts, raw_memory};
-use crate::sources::node_metrics::{self, NodeSample};
+use crate::sources::usage::UsageCaches;
 use crate::sources::{PolicyStore, list_pages};
 
 /// A sample older than its window plus this many polls is stale (as the usage rule's).
@@ -118,19 +121,14 @@ impl EvictionMetrics {
     }
 }
 
-/// A client that does not retry, naming itself `kube-overcommit/VERSION (relief)`.
-async fn relief_client() -> Result<Client, String> {
-    let mut config = kube::Config::infer().await.map_err(|e| e.to_string())?;
-    config.default_retry = false;
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(concat!(
-            "kube-overcommit/",
-            env!("CARGO_PKG_VERSION"),
-            " (relief)"
-        )),
-    ));
-    Client::try_from(config).map_err(|e| e.to_string())
+/// What the relief loop reads and reports through, besides its settings.
+#[derive(Clone)]
+pub struct ReliefContext {
+    pub metrics: EvictionMetrics,
+    /// `serve`'s client without retries, or why there is none.
+    pub client: Result<Client, String>,
+    /// The usage caches: the nodes' latest samples.
+    pub usage: Arc<UsageCaches>,
 }
 
 /// The relief loop, until aborted (leadership lost).
@@ -138,16 +136,17 @@ pub async fn run(
     policies: PolicyStore,
     claim: Claim,
     settings: ReliefSettings,
-    metrics: EvictionMetrics,
+    context: ReliefContext,
     events: Recorder,
 ) {
     let mut tick = tokio::time::interval(settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut client: Option<Client> = None;
+    let mut client_error_logged = false;
     let mut relief = Relief {
         claim,
         settings,
-        metrics,
+        metrics: context.metrics,
+        usage: context.usage,
         events,
         done: HashMap::new(),
     };
@@ -159,17 +158,17 @@ pub async fn run(
             relief.done.clear();
             continue;
         }
-        let client = match &client {
-            Some(c) => c.clone(),
-            None => match relief_client().await {
-                Ok(c) => client.insert(c).clone(),
-                Err(e) => {
+        let client = match &context.client {
+            Ok(c) => c,
+            Err(e) => {
+                if !client_error_logged {
                     tracing::error!(error = %e, "memory relief: no API client");
-                    continue;
+                    client_error_logged = true;
                 }
-            },
+                continue;
+            }
         };
-        if let Err(e) = relief.round(&client, &set).await {
+        if let Err(e) = relief.round(client, &set).await {
             tracing::warn!(error = %e, "memory relief: listing nodes failed; nothing evicted this round");
         }
     }
@@ -180,6 +179,7 @@ struct Relief {
     claim: Claim,
     settings: ReliefSettings,
     metrics: EvictionMetrics,
+    usage: Arc<UsageCaches>,
     events: Recorder,
     done: HashMap<String, Vec<i64>>,
 }
@@ -211,17 +211,18 @@ impl Relief {
             self.metrics.above_critical.set(0);
             return Ok(());
         }
-        let listed = tokio::time::timeout(self.settings.interval, node_metrics::list(client))
-            .await
-            .unwrap_or(Err(node_metrics::MetricsError::Timeout));
-        if let Err(e) = &listed {
-            tracing::warn!(error = %e, "memory relief: metrics.k8s.io failing: nothing evicted");
-        }
         let now = now_ms();
         let mut hot = Vec::new();
+        let mut failing_logged = false;
         for (node, eviction) in governed {
             let name = node.metadata.name.clone().unwrap_or_default();
-            let (measured, window_ms) = measured(&listed, &name);
+            let (measured, window_ms) = measured(&self.usage.polled(&name));
+            if measured == Measured::Failing && !failing_logged {
+                tracing::warn!(
+                    "memory relief: metrics.k8s.io failing or not polled yet: nothing evicted"
+                );
+                failing_logged = true;
+            }
             let max_age = self.settings.interval.as_millis() as i64 * i64::from(STALE_POLLS)
                 + window_ms as i64;
             let need = eviction::need(
@@ -407,28 +408,21 @@ fn pod_ref(pod: &PodFacts) -> ObjectReference {
     }
 }
 
-/// A node's memory sample from the poll, and its window (ms).
-fn measured(
-    listed: &Result<Vec<NodeSample>, node_metrics::MetricsError>,
-    node: &str,
-) -> (Measured, u64) {
-    let Ok(samples) = listed else {
+/// A node's memory sample from the polls, and its window (ms). Not polled yet counts as
+/// failing: nothing is evicted on what was never measured.
+fn measured(polled: &Polled) -> (Measured, u64) {
+    if !polled.synced || polled.metrics_failing {
         return (Measured::Failing, 0);
-    };
-    match samples.iter().find(|s| s.node == node) {
-        Some(NodeSample {
-            memory_bytes: Some(bytes),
-            at_ms: Some(at_ms),
-            window_ms,
-            ..
-        }) => (
+    }
+    match polled.sample {
+        Some(sample) => (
             Measured::Sample {
-                bytes: *bytes,
-                at_ms: *at_ms,
+                bytes: u128::from(sample.memory_bytes),
+                at_ms: sample.at_ms,
             },
-            window_ms.unwrap_or(0),
+            sample.window_ms,
         ),
-        _ => (Measured::Missing, 0),
+        None => (Measured::Missing, 0),
     }
 }
 
@@ -452,6 +446,46 @@ async fn pod_usage(client: &Client) -> HashMap<(String, String), u128> {
         Err(e) => {
             tracing::warn!(error = %e, "memory relief: listing pods.metrics.k8s.io failed: ranking without usage");
             HashMap::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use overcommit_core::node::history::Sample;
+
+    #[test]
+    fn measured_only_from_a_synced_successful_poll() {
+        let sample = Sample {
+            at_ms: 1_000,
+            window_ms: 10_000,
+            cpu_millis: 5,
+            memory_bytes: 7,
+        };
+        let polled = |synced, metrics_failing, sample| Polled {
+            synced,
+            metrics_failing,
+            sample,
+            poll_interval_ms: 30_000,
+        };
+        let cases = [
+            (polled(false, false, Some(sample)), (Measured::Failing, 0)),
+            (polled(true, true, Some(sample)), (Measured::Failing, 0)),
+            (polled(true, false, None), (Measured::Missing, 0)),
+            (
+                polled(true, false, Some(sample)),
+                (
+                    Measured::Sample {
+                        bytes: 7,
+                        at_ms: 1_000,
+                    },
+                    10_000,
+                ),
+            ),
+        ];
+        for (polled, want) in cases {
+            assert_eq!(measured(&polled), want, "{polled:?}");
         }
     }
 }

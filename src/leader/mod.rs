@@ -88,7 +88,7 @@ use tokio::task::JoinHandle;
 use self::cert_source::CertSource;
 use self::controller::{Controller, ControllerSettings};
 use self::election::{Claim, ElectionSettings};
-use self::eviction::{EvictionMetrics, ReliefSettings};
+use self::eviction::{EvictionMetrics, ReliefContext, ReliefSettings};
 use self::in_process::InProcessContext;
 use self::metrics::LeaderMetrics;
 use self::nudger::{NudgeMetrics, NudgeSettings};
@@ -131,6 +131,11 @@ pub struct LeaderArgs {
     /// the nodes (zero: 30s).
     #[arg(skip)]
     pub usage_interval: Duration,
+    /// `serve --policy-file`, set by `serve` before `start`: the policies in force are not
+    /// OvercommitPolicy objects, so the leader keeps no policy status (there is none to keep,
+    /// and the CRD may not be installed).
+    #[arg(skip)]
+    pub policy_file: bool,
     /// Name of the Service the API server calls.
     #[arg(
         long,
@@ -307,6 +312,7 @@ impl LeaderArgs {
             propagation_delay: self.propagation_delay,
             cert_source: self.cert_source,
             webhook: self.webhook(),
+            policy_status: !self.policy_file,
         }
     }
 
@@ -352,7 +358,7 @@ impl Running {
 pub struct Reporting {
     pub leader: LeaderMetrics,
     pub nudge: NudgeMetrics,
-    pub eviction: EvictionMetrics,
+    pub relief: ReliefContext,
     pub events: Recorder,
     pub pressure: PressureContext,
 }
@@ -371,7 +377,7 @@ pub fn start(
     let Reporting {
         leader: metrics,
         nudge,
-        eviction,
+        relief,
         events,
         pressure,
     } = reporting;
@@ -414,7 +420,7 @@ pub fn start(
             client,
             args,
             &identity,
-            (metrics, nudge, events, pressure, eviction),
+            (metrics, nudge, events, pressure, relief),
             in_process,
             shutdown,
         );
@@ -436,12 +442,12 @@ fn start_election(
     client: Client,
     args: &LeaderArgs,
     identity: &str,
-    (metrics, nudge, events, pressure, eviction): (
+    (metrics, nudge, events, pressure, relief): (
         LeaderMetrics,
         NudgeMetrics,
         Recorder,
         PressureContext,
-        EvictionMetrics,
+        ReliefContext,
     ),
     in_process: InProcessContext,
     shutdown: Signal,
@@ -466,7 +472,7 @@ fn start_election(
         args.controller(),
         claim.clone(),
         (metrics, nudge, args.nudge(), events, pressure),
-        (eviction, args.relief()),
+        (relief, args.relief()),
         in_process,
         shutdown,
     ));
@@ -488,7 +494,7 @@ async fn supervise(
     settings: ControllerSettings,
     claim: Claim,
     (metrics, nudge_metrics, nudge, events, pressure): LeaderParts,
-    (eviction_metrics, relief): (EvictionMetrics, ReliefSettings),
+    (relief_context, relief): (ReliefContext, ReliefSettings),
     in_process: InProcessContext,
     shutdown: Signal,
 ) {
@@ -511,13 +517,15 @@ async fn supervise(
             Api::all(client.clone()),
             metrics.clone(),
         ));
-        let status_task = tokio::spawn(policy_status::run(
-            client.clone(),
-            claim.clone(),
-            in_process.clone(),
-            metrics.policy_status.clone(),
-            events.clone(),
-        ));
+        let status_task = settings.policy_status.then(|| {
+            tokio::spawn(policy_status::run(
+                client.clone(),
+                claim.clone(),
+                in_process.clone(),
+                metrics.policy_status.clone(),
+                events.clone(),
+            ))
+        });
         let nudge_task = tokio::spawn(nudger::run(
             client.clone(),
             in_process.policies.clone(),
@@ -536,21 +544,20 @@ async fn supervise(
             in_process.policies.clone(),
             claim.clone(),
             relief.clone(),
-            eviction_metrics.clone(),
+            relief_context.clone(),
             events.clone(),
         ));
-        let mut ended_by_itself = false;
-        let mut stopping = false;
+        let (mut ended_by_itself, mut stopping) = (false, false);
         tokio::select! {
             _ = leading.wait_for(|l| !*l) => {}
             _ = shutdown.stopped() => stopping = true,
             _ = &mut task => ended_by_itself = true,
         }
         task.abort();
-        status_task.abort();
+        status_task.iter().for_each(JoinHandle::abort);
         stop(nudge_task, || nudge_metrics.clear()).await;
         stop(pressure_task, || pressure.metrics.clear()).await;
-        stop(relief_task, || eviction_metrics.clear()).await;
+        stop(relief_task, || relief_context.metrics.clear()).await;
         stop(node_task, || raw_allocatable_gauge::clear(&metrics)).await;
         if stopping {
             return;
@@ -661,6 +668,8 @@ pub struct ServeContext {
     pub request_cap: bool,
     /// `serve --usage-interval`: how often memory relief judges the nodes.
     pub usage_interval: Duration,
+    /// `serve --policy-file` given: no policy status to keep.
+    pub policy_file: bool,
     pub shutdown: Signal,
     /// The leaf this replica serves, for the readiness gate and the replica report.
     pub served: Arc<dyn ServedCertificate>,
@@ -670,8 +679,10 @@ pub struct ServeContext {
     pub events: Recorder,
     /// `serve`'s one client, or why there is none.
     pub client: Result<Client, String>,
-    /// The usage caches and `--usage-interval`, which the pressure taint reads.
+    /// The usage caches and `--usage-interval`, which the pressure taint and relief read.
     pub usage: (Arc<UsageCaches>, Duration),
+    /// `serve`'s configuration without retries, for memory relief (`eviction`), or why none.
+    pub relief_client: Result<Client, String>,
 }
 
 /// Start the leader part inside `serve`: the namespace comes from `serve`, metrics go to the
@@ -697,10 +708,15 @@ pub async fn start_in_serve(
     args.namespace = context.namespace;
     args.request_cap = context.request_cap;
     args.usage_interval = context.usage_interval;
+    args.policy_file = context.policy_file;
     let reporting = Reporting {
         leader: context.metrics.with_registry(LeaderMetrics::new),
         nudge: context.metrics.with_registry(NudgeMetrics::new),
-        eviction: context.metrics.with_registry(EvictionMetrics::new),
+        relief: ReliefContext {
+            metrics: context.metrics.with_registry(EvictionMetrics::new),
+            client: context.relief_client,
+            usage: context.usage.0.clone(),
+        },
         events: context.events,
         pressure: PressureContext {
             usage: context.usage.0,

@@ -237,10 +237,11 @@ pub async fn poll(
     }
 }
 
-/// Whether a policy in force reads the poller's samples: usage, or the pressure taint (which
-/// needs no pod index, but the pod watch is cheap beside the poller and keeps one rule).
+/// Whether a policy in force reads the poller's samples: usage, the pressure taint or memory
+/// relief (the last two need no pod index, but the pod watch is cheap beside the poller and
+/// keeps one rule).
 fn reads_samples(set: &overcommit_core::policy::PolicySet) -> bool {
-    set.has_usage() || set.has_pressure()
+    set.has_usage() || set.has_pressure() || set.has_eviction()
 }
 
 /// Which usage feeders run.
