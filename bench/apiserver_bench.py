@@ -11,7 +11,9 @@ status differs, else every 5 min), measures with the webhook registered and with
   - in the in-process phase, the node reviews kube-overcommit's webhook received (its own metrics):
     0, or the run fails.
 Phases (MEASURED_PHASES): no overcommit; in-process (kube-overcommit `serve --mode in-process`, one
-replica with its leader, which keeps the compiled policy and narrows its node webhook); each webhook.
+replica with its leader, which keeps the compiled policy and narrows its node webhook); each webhook
+(kube-overcommit with quiet heartbeats as `serve --mode webhook`, one replica with its leader, which
+keeps its webhook configuration; the others registered by the bench).
 kube-overcommit runs as a local process behind a Service through `kcp.sh backend` (the cluster's
 service resolver), with failurePolicy Ignore and timeoutSeconds 2 as the product deploys it.
 The probe PATCHes are written as the node (impersonated), as the fake kubelets write: the compiled
@@ -198,32 +200,35 @@ def inprocess_off() -> None:
     kubectl("delete", "mutatingadmissionpolicy", WEBHOOK, "--ignore-not-found")
 
 
-# `serve --mode in-process` as deploy/components/in-process installs it: the placeholder policy and
-# binding it ships, named like the webhook configuration the leader keeps (--webhook-config-name).
+# kube-overcommit as installed (`serve` with its leader): in-process mode as
+# deploy/components/in-process installs it (the placeholder policy and binding it ships, named like
+# the webhook configuration the leader keeps, --webhook-config-name), and webhook mode.
 INPROCESS_NAME = "kube-overcommit"
-INPROCESS_SERVICE = "kube-overcommit-inprocess"
+INPROCESS_SERVICE = "kube-overcommit-replica"
 INPROCESS_SHIPPED = ROOT / "deploy" / "components" / "in-process"
 INPROCESS_PORT, INPROCESS_PROBE_PORT = 18448, 18088
 NARROWING_CONDITION = "served-by-webhook"
 
 
-class InProcessReplica:
-    """One replica of kube-overcommit `serve --mode in-process` with its leader, as tests/cluster's
+class ProductReplica:
+    """One replica of kube-overcommit `serve --mode MODE` with its leader, as tests/cluster's
     install package runs one: KUBECONFIG and the namespace in its environment, its serving Secret
     (made by its leader) mirrored into its tls directory by `kcp secret-volume`, and the ready
-    backend of its own Service (port 443, which the leader's webhook configuration names).
+    backend of its own Service (port 443, which the leader's webhook configuration names). So the
+    in-process phase and the quiet webhook phase both carry the leader's watches, as an install does.
     Nudges off: this process writes with the admin's credentials, not the ServiceAccount the
     compiled policy's condition names, so its nudges would be PATCHes neither path mutates; the
-    phase waits for the fleet's own reports instead, as the webhook phases do."""
+    phase waits for the fleet's own reports instead, as the bench-registered webhook phases do."""
 
-    def __init__(self, binary: Path, heartbeat_refresh: str):
-        self.tls = OUT / "inprocess-tls"
+    def __init__(self, binary: Path, heartbeat_refresh: str, phase: str, mode: str):
+        self.mode = mode
+        self.tls = OUT / "replica-tls"
         self.addr = f"127.0.0.1:{INPROCESS_PORT}"
-        self.server = Server(INPROCESS_QUIET_PHASE, [
-            str(binary), "serve", "--mode", "in-process", "--listen", self.addr, "--tls-dir", str(self.tls),
+        self.server = Server(phase, [
+            str(binary), "serve", "--mode", mode, "--listen", self.addr, "--tls-dir", str(self.tls),
             "--probe-listen", f"127.0.0.1:{INPROCESS_PROBE_PORT}", "--policy-file", str(HERE / "policy.yaml"),
             "--heartbeat-refresh", heartbeat_refresh, "--namespace", NAMESPACE, "--service-name", INPROCESS_SERVICE,
-            "--webhook-config-name", INPROCESS_NAME, "--identity", "bench-inprocess", "--nudge-rate", "0",
+            "--webhook-config-name", INPROCESS_NAME, "--identity", "bench-replica", "--nudge-rate", "0",
             # Quick bootstrap and hand-over, as tests/cluster runs it.
             "--lease-ttl", "6s", "--lease-renew", "2s", "--check-interval", "1s", "--propagation-delay", "5s",
             "--cert-reload-interval", "1s", "--shutdown-grace", "5s"],
@@ -237,15 +242,12 @@ class InProcessReplica:
         self.tls.mkdir(parents=True)
         (OUT / "logs").mkdir(parents=True, exist_ok=True)
         kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
-        # The leader keeps the status of OvercommitPolicy resources (none here: the policy is a
-        # file); without the CRD its watch would retry against a 404 every second.
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "deploy" / "crd" / "overcommitpolicies.yaml"))
-        kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/overcommitpolicies.overcommit.dev")
-        for shipped in ("policy.yaml", "binding.yaml"):
-            kubectl("apply", "-f", str(INPROCESS_SHIPPED / shipped))
+        if self.mode == "in-process":
+            for shipped in ("policy.yaml", "binding.yaml"):
+                kubectl("apply", "-f", str(INPROCESS_SHIPPED / shipped))
         self.volume = subprocess.Popen([str(KCP), "secret-volume", "--namespace", NAMESPACE, "--name", "kube-overcommit-tls",
                                         "--dir", str(self.tls)], stdout=subprocess.DEVNULL,
-                                       stderr=open(OUT / "logs" / "inprocess-secret-volume.log", "wb"),
+                                       stderr=open(OUT / "logs" / "replica-secret-volume.log", "wb"),
                                        start_new_session=True, preexec_fn=die_with_parent)
         subprocess.run([str(KCP), "backend", "add", "--namespace", NAMESPACE, "--service", INPROCESS_SERVICE, "--port", "443",
                         "--addr", self.addr, "--ready-url", f"http://127.0.0.1:{INPROCESS_PROBE_PORT}/readyz"], check=True)
@@ -253,7 +255,7 @@ class InProcessReplica:
 
     def ready(self) -> bool:
         if self.server.proc.poll() is not None:
-            raise RuntimeError(f"serve --mode in-process exited with {self.server.proc.returncode}; see {self.server.logfile}")
+            raise RuntimeError(f"serve --mode {self.mode} exited with {self.server.proc.returncode}; see {self.server.logfile}")
         with urllib.request.urlopen(f"http://127.0.0.1:{INPROCESS_PROBE_PORT}/readyz", timeout=5) as resp:
             return resp.status == 200
 
@@ -264,7 +266,13 @@ class InProcessReplica:
                    if w.get("name") == "nodes.overcommit.dev" for c in w.get("matchConditions") or [])
 
     def wait_in_force(self, api: Api, raw: dict) -> None:
-        wait_for("the in-process replica ready (its certificate from its leader)", self.ready, timeout=180, interval=1)
+        wait_for(f"the {self.mode} replica ready (its certificate from its leader)", self.ready, timeout=180, interval=1)
+        if self.mode != "in-process":
+            def served_by_webhook() -> bool:
+                before = product_reviews(self.server)
+                return patch_latencies(api, raw, 1, as_node=True)["mutated"] == 1 and product_reviews(self.server) > before
+            wait_for("a probe PATCH inflated by the replica's webhook", served_by_webhook, timeout=90, interval=1)
+            return
         wait_for("the in-process leader to narrow its node webhook", lambda: self.narrowed(api), timeout=120, interval=1)
 
         def served_in_process() -> bool:
@@ -423,13 +431,11 @@ def fleet_inflated(api: Api) -> bool:
     return bool(nodes) and all(quantity(n["status"]["allocatable"]["cpu"]) > quantity(n["status"]["capacity"]["cpu"]) for n in nodes)
 
 
-def quiet_variants(product: Server) -> dict[str, Server]:
+def without_quiet_heartbeats(product: Server) -> None:
     """kube-overcommit without quiet heartbeats (the "kube-overcommit" phase, which shows what the
-    overcommit itself costs) and with them, refreshing at the fake kubelets' report frequency."""
+    overcommit itself costs); the quiet phase is a ProductReplica refreshing at the fake kubelets'
+    report frequency."""
     product.argv = [*product.argv, "--heartbeat-refresh", "0"]
-    quiet = [a.replace("18443", "18446").replace("18080", "18086") for a in product.argv[:-2]]
-    quiet += ["--heartbeat-refresh", f"{REPORT_FREQUENCY_S}s"]
-    return {QUIET_PHASE: Server(QUIET_PHASE, quiet, 18446, dict(product.paths))}
 
 
 def reviews_wrong(phase: str, reviews: int | None, calls: int, probes: int) -> str | None:
@@ -494,10 +500,10 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
         subprocess.run([str(KCP), "up"], check=True)
         cluster_started = True
     servers = {s.name: s for s in make_servers(bins, tls, max_seconds=3600) if s.name in PHASES}
-    servers.update(quiet_variants(servers["kube-overcommit"]))
+    without_quiet_heartbeats(servers["kube-overcommit"])
     for s in servers.values():
         s.start()
-    fleet = inproc = None
+    fleet = replica = None
     api = Api()
     addr = {name: f"127.0.0.1:{s.port}" for name, s in servers.items()}
     try:
@@ -521,15 +527,16 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
         warmup = 20 if quick else 60
         log(f"fleet registered; {warmup}s warm-up")
         time.sleep(warmup)
-        inproc = InProcessReplica(bins["kube-overcommit"], f"{REPORT_FREQUENCY_S}s")
+        replicas = {INPROCESS_QUIET_PHASE: "in-process", QUIET_PHASE: "webhook"}
         for phase in MEASURED_PHASES:
             for name, a in addr.items():
                 webhook_off(api, a, phase_port(name))
             server = servers.get(phase)
-            if phase == INPROCESS_QUIET_PHASE:
-                inproc.start()
-                server = inproc.server
-                inproc.wait_in_force(api, raw)
+            if phase in replicas:
+                replica = ProductReplica(bins["kube-overcommit"], f"{REPORT_FREQUENCY_S}s", phase, replicas[phase])
+                replica.start()
+                server = replica.server
+                replica.wait_in_force(api, raw)
                 # Each fake kubelet's next report (within REPORT_FREQUENCY_S) is inflated by the API server.
                 wait_for("every fleet node inflated", lambda: fleet_inflated(api), timeout=REPORT_FREQUENCY_S * 3, interval=poll_s)
             elif server:
@@ -545,15 +552,16 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
                 wait_for("the webhook to be gone", lambda: patch_latencies(api, raw, 1, as_node=True)["mutated"] == 0,
                          timeout=60, interval=1)
             results[phase] = measure_phase(api, phase, server, raw, nodes, probes, window)
-            if phase == INPROCESS_QUIET_PHASE:
-                inproc.stop()
-                wait_for("the compiled policy to be gone", lambda: patch_latencies(api, raw, 1, as_node=True)["mutated"] == 0,
-                         timeout=60, interval=1)
+            if replica:
+                replica.stop()
+                replica = None
+                wait_for("the replica's policy or webhook to be gone",
+                         lambda: patch_latencies(api, raw, 1, as_node=True)["mutated"] == 0, timeout=60, interval=1)
     finally:
         for name, a in addr.items():
             webhook_off(api, a, phase_port(name))
-        if inproc:
-            inproc.stop()
+        if replica:
+            replica.stop()
         inprocess_off()
         if fleet and fleet.poll() is None:
             os.killpg(fleet.pid, signal.SIGTERM)

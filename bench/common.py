@@ -233,7 +233,8 @@ INPROCESS_QUIET_PHASE = "in-process-quiet"
 # The phases `apiserver_bench.run` measures, in order.
 MEASURED_PHASES = ("off", INPROCESS_QUIET_PHASE, "kube-overcommit", "kube-overcommit-quiet", "go-webhook")
 # kube-overcommit with quiet heartbeats (--heartbeat-refresh at the fake kubelets' report
-# frequency, as the default 5m is the kubelet's); the "kube-overcommit" phase runs without them.
+# frequency, as the default 5m is the kubelet's), as a user runs it: `serve --mode webhook` with its
+# leader keeping the webhook configuration; the "kube-overcommit" phase runs without them.
 QUIET_PHASE = "kube-overcommit-quiet"
 # The fake kubelets report an unchanged status every minute instead of the kubelet's 5 min, so
 # that a 2-minute window sees the unmutated writes at all; the rate with the webhook (every 10 s,
@@ -325,9 +326,11 @@ def apiserver_markdown(r: dict) -> list[str]:
               "MutatingWebhookConfiguration and narrows the node webhook (served-by-webhook) to the nodes the compiled "
               "policy leaves to it: none here, the bench policy being static and selecting every node. The phase is "
               "measured once the webhook is narrowed, a probe PATCH comes back inflated and every fleet node is inflated; "
-              "its node reviews are counted from its own /metrics over the phase. Its leader watches the Nodes (the raw "
-              "allocatable gauge, policy status), as a leader does in webhook mode too; the webhook phases here run without "
-              "a leader, so this phase's control plane CPU includes serving those watches and theirs does not.", ""]
+              "its node reviews are counted from its own /metrics over the phase. The quiet webhook phase is what a user "
+              "runs in webhook mode, the same replica with `--mode webhook`: its leader keeps the webhook configuration "
+              "(failurePolicy Ignore, timeoutSeconds 2 by default) and watches the Nodes as the in-process leader does, so both "
+              "phases' control plane CPU includes serving a leader's watches. The quiet-off webhook phase and go-webhook "
+              "run without a leader, registered by the bench (timeoutSeconds 2).", ""]
     L += [
          "| path | PATCH nodes/status p50 ms | p90 ms | p99 ms | allocatable rewritten | Node writes / node / min | "
          "control plane CPU ms / status PATCH | webhook calls (API server's metric) | node reviews at kube-overcommit (its metrics) | "
