@@ -197,7 +197,9 @@ func createReliefPods(t *testing.T, ctx context.Context, cs kubernetes.Interface
 		if _, err := cs.SchedulingV1().PriorityClasses().Create(ctx, pc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cs.SchedulingV1().PriorityClasses().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = cs.SchedulingV1().PriorityClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
 	}
 	// A DaemonSet that places no pod (its selector matches no node): the owner of c-ds.
 	labels := map[string]string{"app": "relief-ds"}

@@ -96,7 +96,9 @@ spec:
 		Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: raw},
 	}
 	_ = shared.Client.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{})
-	t.Cleanup(func() { _ = shared.Client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = shared.Client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{})
+	})
 	if _, err := shared.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
