@@ -82,7 +82,9 @@ cluster-status:
 
 # Tests of the control plane itself (each starts its own control plane in a temp dir).
 # Packages run one at a time (-p 1): each starts its own control plane and replicas, and two at
-# once on 2 cores would turn timing margins into flakes.
+# once on 2 cores would turn timing margins into flakes. Inside e2e the tests, which mostly wait,
+# run in parallel (e2e/main_test.go): one at a time on the shared control plane, beside at most
+# 3 (-parallel) with control planes of their own; `go test -parallel 1` runs them one at a time.
 cluster-test: cluster-build release
 	cd tests/cluster && KUBE_OVERCOMMIT_BIN=$(CURDIR)/target/release/kube-overcommit go test -p 1 -count=1 -timeout $(CLUSTER_TEST_TIMEOUT) ./...
 

@@ -194,9 +194,14 @@ func apiserverX509Errors(t *testing.T) int {
 // write, no failed webhook call, no x509 error. The guard refuses a caBundle change by
 // kube-overcommit's ServiceAccount and allows it the leader's repair write.
 func TestCertManagerSource(t *testing.T) {
+	t.Parallel()
+	// Before the shared turn, which other tests wait for: on a fresh machine `make test` is
+	// still building cert-manager in the background when the e2e tests start.
+	bin, crds := buildCertManager(t)
+	takeSharedTurn(t)
 	ctx := harness.Context(t, 10*time.Minute)
 	ns := uniqueName("ko-cm")
-	rs, certs := certManagerInstall(t, ctx, ns, true)
+	rs, certs := certManagerInstall(t, ctx, ns, bin, crds, true)
 
 	// cert-manager issues the Secret; cainjector fills both caBundles with its ca.crt.
 	if err := harness.Eventually(3*time.Minute, 250*time.Millisecond, func() error { return injected(ctx, ns) }); err != nil {
@@ -309,10 +314,10 @@ func writesGoOn(t *testing.T, nodes *harness.FakeNodes) {
 
 // certManagerInstall: cert-manager's CRDs, the replicas with --cert-source=cert-manager and
 // --request-cap (and extra flags) in namespace ns, (with guard) the caBundle guard, cert-manager's
-// controller and cainjector, and the component's Issuers and Certificates.
-func certManagerInstall(t *testing.T, ctx context.Context, ns string, guard bool, extra ...string) (*replicaSet, dynamic.ResourceInterface) {
+// controller and cainjector (bin, built by buildCertManager with its CRDs in crds), and the
+// component's Issuers and Certificates.
+func certManagerInstall(t *testing.T, ctx context.Context, ns, bin, crds string, guard bool, extra ...string) (*replicaSet, dynamic.ResourceInterface) {
 	t.Helper()
-	bin, crds := buildCertManager(t)
 	kubectlApply(t, crds)
 	// The flags deploy/components/cert-manager adds.
 	flags := []string{"--cert-source=cert-manager", "--cert-manager-ca-secret=" + cmCASecret, "--request-cap"}

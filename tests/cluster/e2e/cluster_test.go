@@ -51,6 +51,7 @@ func createNamespace(t *testing.T, ctx context.Context, name string) {
 // A 3-replica Deployment's pods are scheduled onto the fake nodes by the real scheduler, and
 // the fake kubelets make them Running so the Deployment becomes available.
 func TestDeploymentScheduledOnFakeNodes(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, 3*time.Minute)
 	ns := "e2e-deploy"
 	createNamespace(t, ctx, ns)
@@ -207,6 +208,7 @@ func (w *webhookServer) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 // and PATCHes its status, and the patch lands in the stored Node. Without a ready backend the
 // API server fails open and the kubelet's own value comes back.
 func TestWebhookMutatesFakeNodeStatus(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, 3*time.Minute)
 	const ns, svc = "e2e-webhook", "overcommit-test"
 	caPEM, cert := testCA(t, svc+"."+ns+".svc")
@@ -369,6 +371,7 @@ func TestWebhookMutatesFakeNodeStatus(t *testing.T) {
 // Once the stored status equals what the fake kubelet computes, it stops writing until the
 // report interval (a kubelet without a mutating webhook patches every 5 minutes, not every 10 s).
 func TestFakeNodeWritesOnlyOnChange(t *testing.T) {
+	onShared(t)
 	nodes, err := shared.StartFakeNodes(harness.FakeNodesOptions{Prefix: "quiet", Count: 2, Args: []string{"--status-update-frequency=500ms"}})
 	if err != nil {
 		t.Fatal(err)
@@ -406,6 +409,7 @@ func TestFakeNodeWritesOnlyOnChange(t *testing.T) {
 // The Secret-volume writer lays the Secret out like the kubelet (..data symlink to a
 // timestamped directory, one symlink per key) and swaps ..data when the Secret changes.
 func TestSecretVolumeSwapsData(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, time.Minute)
 	ns := "e2e-secret"
 	createNamespace(t, ctx, ns)
@@ -463,6 +467,7 @@ func TestSecretVolumeSwapsData(t *testing.T) {
 
 // kcp restart apiserver: the supervisor brings the API server back and clients recover.
 func TestRestartAPIServer(t *testing.T) {
+	onShared(t)
 	if shared.External {
 		t.Skip("restarting a control plane this test did not start is not its business")
 	}
@@ -482,6 +487,7 @@ func TestRestartAPIServer(t *testing.T) {
 
 // kubectl is built into kcp and talks to the control plane.
 func TestKubectl(t *testing.T) {
+	onShared(t)
 	out, err := shared.Kubectl("get", "nodes", "-o", "name")
 	if err != nil {
 		t.Fatalf("kubectl: %v\n%s", err, out)
@@ -497,6 +503,7 @@ func TestKubectl(t *testing.T) {
 // everything else of the run directory (here a standalone secret-volume and fake-nodes), so
 // nothing is left: checked by scanning /proc and with pgrep.
 func TestDownLeavesNothingAfterCrash(t *testing.T) {
+	ownControlPlane(t)
 	if os.Getenv("KCP_KUBECONFIG") != "" {
 		t.Skip("needs its own control plane")
 	}
@@ -552,6 +559,7 @@ func TestDownLeavesNothingAfterCrash(t *testing.T) {
 
 // A control plane whose owner died (a test binary killed by its -timeout) stops by itself.
 func TestStopsWhenOwnerGone(t *testing.T) {
+	ownControlPlane(t)
 	bin, err := harness.Binary()
 	if err != nil {
 		t.Fatal(err)

@@ -44,6 +44,7 @@ import (
 )
 
 func TestEviction(t *testing.T) {
+	ownControlPlane(t)
 	start := time.Now()
 	since := func() string { return fmt.Sprintf("%.1fs", time.Since(start).Seconds()) }
 	c := harness.Start(t, harness.Options{})

@@ -66,6 +66,7 @@ rules:
 `
 
 func TestHollowNodes(t *testing.T) {
+	ownControlPlane(t)
 	start := time.Now()
 	dir := t.TempDir()
 	policyFile, auditLog := filepath.Join(dir, "audit-policy.yaml"), filepath.Join(dir, "audit.log")

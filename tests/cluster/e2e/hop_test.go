@@ -23,6 +23,7 @@ import (
 const hopWebhookCondition = "served-by-webhook"
 
 func TestInProcessWebhookNotCalledForServedNodes(t *testing.T) {
+	onShared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	bin, ns, rs, dyn := startInMode(t, ctx, "inhop", "--mode", "in-process")

@@ -190,6 +190,7 @@ func ipRaw() corev1.ResourceList {
 }
 
 func TestInProcessMatchesWebhook(t *testing.T) {
+	onShared(t)
 	e := newIPEnv(t, "")
 	capacity, raw := ipCapacity(), ipRaw()
 	e.policies(ipPolicies)
@@ -306,6 +307,7 @@ func TestInProcessMatchesWebhook(t *testing.T) {
 // later than the last. The node has a Lease renewed by the test, so that the node lifecycle
 // controller never marks it Unknown while its stored heartbeats stand still.
 func TestInProcessQuietHeartbeats(t *testing.T) {
+	onShared(t)
 	e := newIPEnv(t, "5m")
 	capacity, raw := ipCapacity(), ipRaw()
 	base := time.Now().UTC().Truncate(time.Second)

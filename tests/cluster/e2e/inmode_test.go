@@ -58,6 +58,7 @@ func startInMode(t *testing.T, ctx context.Context, prefix string, extra ...stri
 }
 
 func TestInProcessModeKeptByLeader(t *testing.T) {
+	onShared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	bin, ns, rs, dyn := startInMode(t, ctx, "inmode", "--mode", "in-process")
@@ -295,6 +296,7 @@ func logCount(logPath, text string) int {
 // through the webhook again (kube_overcommit_in_process_in_force 0) until the operator applies
 // the new output.
 func TestInProcessOperatorApplied(t *testing.T) {
+	onShared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	bin, ns, rs, dyn := startInMode(t, ctx, "inoper", "--mode", "in-process", "--in-process-policy", "operator")

@@ -361,6 +361,7 @@ func startTestNodes(t *testing.T, prefix string, count int, args ...string) *har
 // leaf and CA rotations run back to back, with lifetimes of seconds, while fake nodes write
 // status every second: no review fails open and every stored status is mutated.
 func TestLeaderBootstrapAndRotations(t *testing.T) {
+	onShared(t)
 	leafWant := envInt("LEADER_E2E_LEAF_ROTATIONS", 5)
 	caWant := envInt("LEADER_E2E_CA_ROTATIONS", 1)
 	// Leaves live 15 s (rotated every ~10 s); a CA lives 60 s beyond its 60 s backdating, so
@@ -616,6 +617,7 @@ func (rs *replicaSet) killLeader(ctx context.Context, phase string) (string, str
 // The leader is killed in each phase of a forced CA rotation (just published; switched, while
 // waiting for the replicas), and whoever leads next finishes it.
 func TestLeaderKilledInEachPhaseOfCARotation(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, 6*time.Minute)
 	ns := uniqueName("ko-failover")
 	rs := startReplicas(t, ctx, ns, 3, "--leaf-validity", "10m", "--ca-validity", "1h")
@@ -681,6 +683,7 @@ func TestLeaderKilledInEachPhaseOfCARotation(t *testing.T) {
 // The webhook configuration and both Secrets, deleted or edited by hand, are repaired, and
 // every replica is ready again.
 func TestLeaderRepairsHandEdits(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, 6*time.Minute)
 	ns := uniqueName("ko-repair")
 	rs := startReplicas(t, ctx, ns, 3, "--leaf-validity", "10m", "--ca-validity", "1h")

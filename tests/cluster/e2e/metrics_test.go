@@ -33,6 +33,7 @@ const scrape = 10 * time.Second
 // shows in NodeMetrics and PodMetrics read through the API server; a change shows within two
 // scrape intervals; with metrics-server stopped the API answers 503.
 func TestMetricsServer(t *testing.T) {
+	onShared(t)
 	c := shared
 	ctx := harness.Context(t, 3*time.Minute)
 	created, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "metrics-e2e-"}}, metav1.CreateOptions{})

@@ -37,6 +37,7 @@ const (
 )
 
 func TestModeSwitchUnderKubeletWrites(t *testing.T) {
+	onShared(t)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

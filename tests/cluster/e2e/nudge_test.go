@@ -67,6 +67,7 @@ func applyManifests(t *testing.T, c *harness.Cluster, files ...string) {
 }
 
 func TestNudgeReachesQuietNodes(t *testing.T) {
+	ownControlPlane(t)
 	nudgeQuietNodes(t, nil, nil, false)
 }
 
@@ -74,6 +75,7 @@ func TestNudgeReachesQuietNodes(t *testing.T) {
 // tests/cluster README "Hollow nodes") with its defaults: status computed every 10 s, written
 // when it changed or every 5 min.
 func TestNudgeReachesHollowNodes(t *testing.T) {
+	ownControlPlane(t)
 	nudgeQuietNodes(t, nil, nil, true)
 }
 
@@ -83,6 +85,7 @@ func TestNudgeReachesHollowNodes(t *testing.T) {
 // compiled policy, whose match condition must take the ServiceAccount's writes, can change the
 // nodes.
 func TestNudgeReachesQuietNodesInProcess(t *testing.T) {
+	ownControlPlane(t)
 	nudgeQuietNodes(t, []string{"--mode=in-process"}, []string{
 		"deploy/components/in-process/rbac.yaml",
 		"deploy/components/in-process/policy.yaml",
@@ -335,6 +338,7 @@ func kubeletWrites(t *testing.T, nodes *harness.FakeNodes) int64 {
 }
 
 func TestNodeGuard(t *testing.T) {
+	ownControlPlane(t)
 	c := harness.Start(t, harness.Options{Nodes: 1})
 	ctx := harness.Context(t, 3*time.Minute)
 	applyManifests(t, c, "deploy/components/webhook-guard/node-guard.yaml")

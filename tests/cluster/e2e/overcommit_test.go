@@ -67,6 +67,7 @@ const (
 var ocPolicies = schema.GroupVersionResource{Group: "overcommit.dev", Version: "v1alpha1", Resource: "overcommitpolicies"}
 
 func TestOvercommit(t *testing.T) {
+	ownControlPlane(t)
 	start := time.Now()
 	// The API server authenticates to the webhook with a client certificate, which the
 	// replicas require (issue 19, item 7): every review below goes over that mutual TLS.

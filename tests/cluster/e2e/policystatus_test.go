@@ -107,6 +107,7 @@ func createPolicy(t *testing.T, ctx context.Context, dyn dynamic.Interface, name
 }
 
 func TestPolicyStatus(t *testing.T) {
+	onShared(t)
 	start := time.Now()
 	c := shared
 	ctx := harness.Context(t, 4*time.Minute)

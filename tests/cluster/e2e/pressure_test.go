@@ -48,6 +48,7 @@ const (
 )
 
 func TestPressureTaint(t *testing.T) {
+	ownControlPlane(t)
 	start := time.Now()
 	since := func() string { return fmt.Sprintf("%.1fs", time.Since(start).Seconds()) }
 	noise := 40 * time.Second

@@ -27,6 +27,7 @@ import (
 var capFigures = []string{"of a cap of", "4.4", "110%", "would reach"}
 
 func TestRequestCapTenantInputs(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, 8*time.Minute)
 	ns := uniqueName("ko-tenant")
 	rs := startReplicasWithPolicy(t, ctx, ns, 1, capPolicy, "--request-cap")

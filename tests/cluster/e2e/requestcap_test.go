@@ -124,6 +124,7 @@ func capConfig(ctx context.Context, name string) (*admissionregistrationv1.Valid
 }
 
 func TestRequestCapWebhookConfiguration(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, 8*time.Minute)
 	ns := uniqueName("ko-cap")
 	rs := startReplicasWithPolicy(t, ctx, ns, 2, capPolicy,
@@ -585,6 +586,7 @@ func bindBurst(t *testing.T, ctx context.Context, in *replicaSet, podNS, prefix,
 // its connections to both), each counts only its own bindings in flight: the overshoot is
 // measured and logged (README, "The placement cap's webhook").
 func TestRequestCapBurst(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, 6*time.Minute)
 	ns := uniqueName("ko-burst")
 	rs := startReplicasWithPolicy(t, ctx, ns, 1, capPolicy, "--request-cap")
@@ -665,6 +667,7 @@ func TestRequestCapBurst(t *testing.T) {
 // entry and let the burst through). Then a binding of a pod the index does not hold is decided
 // on one GET of the pod, counted in kube_overcommit_placement_pod_reads_total.
 func TestRequestCapGenerateName(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, 4*time.Minute)
 	ns := uniqueName("ko-gen")
 	rs := startReplicasWithPolicy(t, ctx, ns, 1, capPolicy, "--request-cap")
@@ -759,6 +762,7 @@ func TestRequestCapGenerateName(t *testing.T) {
 // scheduler sees room for 8 pods of 1 cpu and binds them; the cap (110% of the raw 4) lets 4
 // through and refuses the rest, which stay Pending with the cap's message in their condition.
 func TestRequestCapRefusesTheScheduler(t *testing.T) {
+	onShared(t)
 	ctx := harness.Context(t, 5*time.Minute)
 	ns := uniqueName("ko-sched")
 	rs := startReplicasWithPolicy(t, ctx, ns, 1, capPolicy, "--request-cap")

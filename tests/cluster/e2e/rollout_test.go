@@ -75,6 +75,7 @@ func (s rolloutSample) count(cpu string) int {
 }
 
 func TestRolloutStepsHollowNodes(t *testing.T) {
+	ownControlPlane(t)
 	start := time.Now()
 	c := harness.Start(t, harness.Options{})
 	ctx := harness.Context(t, 12*time.Minute)

@@ -30,6 +30,7 @@ import (
 )
 
 func TestStatusWritersAndMirrorPods(t *testing.T) {
+	ownControlPlane(t)
 	c, ctx, dyn, in := startWithReplicas(t, 4*time.Minute)
 	cs := c.Client
 	t.Logf("installed: %s", in.Summary())

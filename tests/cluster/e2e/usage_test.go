@@ -72,6 +72,7 @@ import (
 const usagePoll = 2 * time.Second
 
 func TestUsage(t *testing.T) {
+	ownControlPlane(t)
 	start := time.Now()
 	since := func() string { return fmt.Sprintf("%.1fs", time.Since(start).Seconds()) }
 	noise := 20 * time.Second
