@@ -174,17 +174,25 @@ def webhook_off(api: Api, addr: str, port: int) -> None:
                    check=False)
 
 
-def inprocess_on(binary: Path, heartbeat_refresh: str) -> None:
+def inprocess_on(binary: Path, heartbeat_refresh: str, map_file: Path | None = None) -> None:
     """The bench policy compiled into a MutatingAdmissionPolicy + binding (what `serve --mode
     in-process` keeps), named like the bench's webhook. Its matchConditions (kubelet writes and
     registrations only) are dropped, as the bench's webhook configuration has none, so that the
     probe PATCHes of this client are mutated in every phase alike. `heartbeat_refresh` "0" (quiet
     heartbeats off) in the phase compared with the "kube-overcommit" phase (the same writes reach
-    storage); the report frequency in the quiet one, as the quiet webhook phase has it."""
-    out = subprocess.run([str(binary), "compile-inprocess", "--policy-file", str(HERE / "policy.yaml"),
-                          "--heartbeat-refresh", heartbeat_refresh],
-                         capture_output=True, text=True, check=True).stdout
-    items = json.loads(out)["items"]
+    storage); the report frequency in the quiet one, as the quiet webhook phase has it.
+    `map_file`: a hand-written MutatingAdmissionPolicy (JSON: the policy, or a List holding it)
+    instead of the compiled one, to measure a variant before compiling it."""
+    if map_file is None:
+        out = subprocess.run([str(binary), "compile-inprocess", "--policy-file", str(HERE / "policy.yaml"),
+                              "--heartbeat-refresh", heartbeat_refresh],
+                             capture_output=True, text=True, check=True).stdout
+        items = json.loads(out)["items"]
+    else:
+        doc = json.loads(map_file.read_text())
+        items = [i for i in doc.get("items", [doc]) if i["kind"] == "MutatingAdmissionPolicy"]
+        items.append({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+                      "metadata": {"name": WEBHOOK}, "spec": {"matchResources": items[0]["spec"]["matchConstraints"]}})
     for item in items:
         item["metadata"]["name"] = WEBHOOK
         if item["kind"] == "MutatingAdmissionPolicy":
@@ -587,11 +595,16 @@ def run(bins: dict, tls: Path, nodes: int, quick: bool, update_s: int = KUBELET_
 PROFILE_PHASES = (("none", None), ("in-process", "0"), ("in-process-quiet", f"{REPORT_FREQUENCY_S}s"), ("none-again", None))
 # What a sample's stack holds to count in a share: the mutating admission policy plugin; within
 # it, CEL (the API server's CEL evaluator, which also turns the object into CEL values, and cel-go);
-# within it and outside CEL, applying the policy's JSON patch (the API server turns the whole node
-# into JSON, patches it and decodes it again).
+# within it and outside CEL, applying the policy's patch: a JSON patch (the API server turns the
+# whole node into JSON, patches it and decodes it again) or an ApplyConfiguration (structured
+# merge diff: the node turned into a typed value, merged, turned back), with the conversion and
+# defaulting of the result (the dispatcher's, after the patcher). SMD_FRAMES: the structured merge
+# diff part of it.
 POLICY_FRAMES = "k8s.io/apiserver/pkg/admission/plugin/policy/mutating"
 CEL_FRAMES = ("github.com/google/cel-go/", "k8s.io/apiserver/pkg/admission/plugin/cel.", "k8s.io/apiserver/pkg/cel/")
-PATCH_FRAMES = "k8s.io/apiserver/pkg/admission/plugin/policy/mutating/patch."
+PATCH_FRAMES = ("k8s.io/apiserver/pkg/admission/plugin/policy/mutating/patch.",
+                "k8s.io/apiserver/pkg/admission/plugin/policy/mutating.(*dispatcher).dispatchOne")
+SMD_FRAMES = ("sigs.k8s.io/structured-merge-diff", "k8s.io/apimachinery/pkg/util/managedfields")
 
 
 def _pprof(api: Api, seconds: int, into: Path) -> None:
@@ -610,7 +623,7 @@ def profile_shares(profile: Path) -> dict:
     text = subprocess.run(["go", "tool", "pprof", "-traces", str(profile)], capture_output=True, text=True,
                           check=True).stdout
     unit = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0}
-    shares = {"total_s": 0.0, "policy_s": 0.0, "cel_s": 0.0, "json_patch_s": 0.0}
+    shares = {"total_s": 0.0, "policy_s": 0.0, "cel_s": 0.0, "patch_s": 0.0, "smd_s": 0.0}
     for block in text.split("-----------+-------------------------------------------------------")[1:]:
         lines = [line.strip() for line in block.splitlines() if line.strip()]
         value = lines[0].split()[0] if lines else ""
@@ -627,14 +640,17 @@ def profile_shares(profile: Path) -> dict:
         shares["policy_s"] += seconds
         if in_frames(*CEL_FRAMES):
             shares["cel_s"] += seconds
-        elif in_frames(PATCH_FRAMES):
-            shares["json_patch_s"] += seconds
+        elif in_frames(*PATCH_FRAMES):
+            shares["patch_s"] += seconds
+            if in_frames(*SMD_FRAMES):
+                shares["smd_s"] += seconds
     return shares
 
 
-def profile_inprocess(binary: Path, patches: int, seconds: int) -> list[dict]:
+def profile_inprocess(binary: Path, patches: int, seconds: int, map_files: dict | None = None) -> list[dict]:
     """Starts its own control plane, with the API server's profiling on (tests/cluster runs it
-    off), unless one with profiling on is running."""
+    off), unless one with profiling on is running. `map_files`: phase -> a hand-written policy
+    for it (`inprocess_on`); with them, the in-process phases without one are left out."""
     cluster_started = False
     if subprocess.run([str(KCP), "kubectl", "get", "--raw", "/readyz"], capture_output=True).returncode != 0:
         subprocess.run([str(KCP), "up", "--apiserver-arg=--profiling=true"], check=True)
@@ -648,12 +664,14 @@ def profile_inprocess(binary: Path, patches: int, seconds: int) -> list[dict]:
         node = create_probe_node(api)
         raw = node["status"]["allocatable"]
         for phase, refresh in PROFILE_PHASES:
+            if map_files and refresh is not None and phase not in map_files:
+                continue
             inprocess_off()
             if refresh is None:
                 wait_for("no compiled policy in force", lambda: patch_latencies(api, raw, 1)["mutated"] == 0,
                          timeout=60, interval=1)
             else:
-                inprocess_on(binary, refresh)
+                inprocess_on(binary, refresh, (map_files or {}).get(phase))
                 wait_for("the compiled policy to be in force", lambda: patch_latencies(api, raw, 1)["mutated"] == 1,
                          timeout=60, interval=1)
             patch_latencies(api, raw, 50)

@@ -863,14 +863,18 @@ def cmd_profile_inprocess(args) -> int:
     in-process profile figures come from."""
     bins = build(args.no_build)
     ensure_payloads(False)
-    rows = apiserver_bench.profile_inprocess(bins["kube-overcommit"], args.patches, args.seconds)
-    print("| phase | status PATCHes | p50 ms | control plane CPU ms per PATCH | profiled CPU s | policy | CEL | JSON patch |")
-    print("|---|---|---|---|---|---|---|---|")
+    map_files = {phase: Path(f) for phase, f in (("in-process", args.map_file), ("in-process-quiet", args.map_file_quiet))
+                 if f}
+    rows = apiserver_bench.profile_inprocess(bins["kube-overcommit"], args.patches, args.seconds, map_files)
+    print("| phase | status PATCHes | p50 ms | control plane CPU ms per PATCH | profiled CPU s | policy | CEL | patch | "
+          "of it SMD |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         share = lambda k: f"{100 * r[k] / r['total_s']:.0f}%" if r["total_s"] else "-"  # noqa: E731
         print(f"| {r['phase']} | {r['patches']:,} | {r['p50_ms']:.2f} | {r['cpu_ms_per_patch']:.2f} | {r['total_s']:.1f} | "
-              f"{share('policy_s')} | {share('cel_s')} | {share('json_patch_s')} |")
-    print("(shares of the API server's profiled CPU; CEL and JSON patch are parts of the policy's; "
+              f"{share('policy_s')} | {share('cel_s')} | {share('patch_s')} | {share('smd_s')} |")
+    print("(shares of the API server's profiled CPU; CEL and patch (a JSON patch or an ApplyConfiguration "
+          "applied, SMD its structured merge diff) are parts of the policy's; "
           "`go tool pprof -top bench/out/pprof-apiserver-in-process.pb.gz` for the functions)")
     return 0
 
@@ -950,6 +954,9 @@ def main() -> int:
     pi.add_argument("--patches", type=int, default=3000, help="sequential status PATCHes per phase")
     pi.add_argument("--seconds", type=int, default=20, help="profile length per phase (the PATCHes outlast it)")
     pi.add_argument("--no-build", action="store_true", help="use the binaries already built")
+    pi.add_argument("--map-file", help="a hand-written MutatingAdmissionPolicy (JSON) for the in-process phase "
+                    "instead of the compiled one; the phases without one are left out")
+    pi.add_argument("--map-file-quiet", help="the same for the in-process-quiet phase")
     args = ap.parse_args()
     return {"run": cmd_run, "smoke": cmd_smoke, "report": cmd_report, "profile": cmd_profile,
             "apiserver": cmd_apiserver, "binding": cmd_binding, "prebuild-go": cmd_prebuild_go,
