@@ -4,7 +4,8 @@
 //! two JSON objects.
 //!
 //! What the compiled policy does is `node::decide` for the nodes whose winning policy is
-//! static (no `spec.usage`, no `spec.requestCap`), step by step (the CEL variable in brackets):
+//! static (no `spec.usage`, `spec.requestCap` or `spec.rollout`), step by step (the CEL
+//! variable in brackets):
 //! - **Policy** (`choice`): `overcommit.dev/disabled=true` opts out; else the first policy, in
 //!   `PolicySet` order (priority, then name), with ratios whose selector matches. A node whose
 //!   winner needs outside data (usage, cap) gets `!`: the compiled policy leaves it alone (the
@@ -12,11 +13,14 @@
 //! - **Previous record** (`prev*`): the annotations of the object if it carries either one,
 //!   else the stored object's; both must be there. The JSON format of earlier versions is
 //!   turned into the listed one by text replacement (it was written compactly by serde_json).
-//! - **Raw value** (`lines`): per resource the policy inflates or the record holds, the value
-//!   last written is recomputed (raw x recorded ratio, or the recorded usage value); if the
-//!   incoming allocatable equals it by value (`quantity(..).compareTo`) the raw value is the
-//!   recorded text, else the incoming text.
-//! - **New allocatable** = floor(raw x ratio) in millicores (cpu) or units, by integer
+//! - **Raw value** (`prN`, `faN`, `rawN` per resource N some static policy inflates, known at
+//!   compile time: straight-line expressions, no walk over the allocatable; `restored` for any
+//!   other resource the record holds): the value last written is recomputed (raw x recorded
+//!   ratio, or the recorded usage value); if the incoming allocatable equals it by value
+//!   (`quantity(..).compareTo`) the raw value is the recorded text, else the incoming text. An
+//!   incoming text equal to the recorded one (a kubelet's write) is the raw value without
+//!   recomputing (every variable is evaluated at most once per request, and only when read).
+//! - **New allocatable** (`wantN`) = floor(raw x ratio) in millicores (cpu) or units, by integer
 //!   arithmetic (see `inflate`), printed as `quantity::Quantity` prints it (`format_decimal`,
 //!   `format_binary`); the raw text where the result equals it.
 //! - **Refusal** (`refuse`): a value above capacity that is not what was last written is
@@ -32,9 +36,9 @@
 //! Where CEL does not follow the Rust rule exactly (README.md, `compile-inprocess --help`): a
 //! raw value below the unit (sub-millicore cpu, fractional bytes; no kubelet reports one) is
 //! floored before the ratio, not after; an unreadable record is read as far as it goes (an
-//! entry without `=` is skipped; a value that is not a quantity or a ratio stops the
-//! evaluation, and the API server admits the write unchanged, `failurePolicy: Ignore`) where the
-//! Rust rule ignores the whole record. Quiet heartbeats: admission CEL has no clock, so a stored
+//! entry without `=` is skipped; a value that is not a quantity or a ratio, where it is read,
+//! stops the evaluation, and the API server admits the write unchanged, `failurePolicy:
+//! Ignore`) where the Rust rule ignores the whole record. Quiet heartbeats: admission CEL has no clock, so a stored
 //! heartbeat's age is taken from the incoming condition's own lastHeartbeatTime (the time the
 //! kubelet wrote it, its clock) instead of the time of the review; a condition sent without a
 //! heartbeat keeps nothing (no kubelet sends one).
@@ -86,9 +90,10 @@ pub struct Compiled {
     pub webhook_condition: String,
 }
 
-/// Whether a policy's node rule needs nothing but the node: no usage, no cap, and names and
-/// ratios the listed annotation format holds (the API server and the validation accept no
-/// others).
+/// Whether a policy's node rule needs nothing but the node: no usage, no cap, no staged
+/// rollout (`spec.rollout`: the compiled policy cannot pace a change, the webhook does), and
+/// names and ratios the listed annotation format holds (the API server and the validation
+/// accept no others).
 pub fn is_static(policy: &CompiledPolicy) -> bool {
     let listable = |text: &str| {
         !text.is_empty()
@@ -99,6 +104,7 @@ pub fn is_static(policy: &CompiledPolicy) -> bool {
     };
     policy.usage.is_none()
         && policy.cap.is_none()
+        && !policy.staged
         && listable(&policy.name)
         && policy
             .ratios
@@ -146,10 +152,9 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
         (lit(""), "{}".to_string()),
         (lit(WEBHOOK_CHOICE), "{}".into()),
     ];
-    let mut keys = vec![
-        (lit(""), "[]".to_string()),
-        (lit(WEBHOOK_CHOICE), "[]".into()),
-    ];
+    // Per static policy, the resources it inflates (for the raw record), and their union.
+    let mut keys: Vec<(&str, Vec<&str>)> = Vec::new();
+    let mut union = std::collections::BTreeSet::new();
     let mut applied = vec![(lit(""), lit("")), (lit(WEBHOOK_CHOICE), lit(""))];
     for policy in policies.policies() {
         // `for_node` skips a policy with neither ratios nor usage.
@@ -168,9 +173,10 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
                 .iter()
                 .map(|(r, ratio)| format!("{}: {}", lit(r), ratio.millionths()))
                 .collect();
-            let list: Vec<String> = inflated.iter().map(|(r, _)| lit(r)).collect();
             ratios.push((lit(&policy.name), format!("{{{}}}", map.join(", "))));
-            keys.push((lit(&policy.name), format!("[{}]", list.join(", "))));
+            let list: Vec<&str> = inflated.iter().map(|(r, _)| r.as_str()).collect();
+            union.extend(list.iter().copied());
+            keys.push((&policy.name, list));
             applied.push((lit(&policy.name), lit(&applied_text(policy))));
             policy.name.as_str()
         } else {
@@ -186,15 +192,17 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
             let selector = selector(requirements, "variables.labels");
             format!("({selector} ? {} : {rest})", lit(choice))
         });
-    let variables = rule_variables(&choice, &ratios, &keys, &applied);
-    let beats = beats(heartbeat_refresh);
-    let heartbeats = beats.is_some();
-    let variables: Vec<Value> = variables
+    let resources: Vec<&str> = union.into_iter().collect();
+    let variables = rule_variables(&choice, &ratios, &applied)
         .into_iter()
-        .chain(beats.map(|expression| ("beats", expression)))
+        .chain(record_variables(&resources, &keys))
+        .chain(beats(heartbeat_refresh).map(|expression| ("beats".to_string(), expression)));
+    let variables: Vec<Value> = variables
         .map(|(name, expression)| json!({"name": name, "expression": expression}))
         .collect();
-    let (policy, binding) = objects(variables, heartbeats, nudger);
+    let heartbeats = variables.iter().any(|v| v["name"] == "beats");
+    let patch = patch_expression(&resources, heartbeats);
+    let (policy, binding) = objects(variables, patch, nudger);
     Compiled {
         policy,
         binding,
@@ -204,8 +212,8 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
     }
 }
 
-/// The MutatingAdmissionPolicy of `variables` and its binding.
-fn objects(variables: Vec<Value>, heartbeats: bool, nudger: &str) -> (Value, Value) {
+/// The MutatingAdmissionPolicy of `variables` and the JSONPatch `patch`, and its binding.
+fn objects(variables: Vec<Value>, patch: String, nudger: &str) -> (Value, Value) {
     let policy = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
@@ -216,7 +224,7 @@ fn objects(variables: Vec<Value>, heartbeats: bool, nudger: &str) -> (Value, Val
             "matchConstraints": node_writes(),
             "matchConditions": [{"name": MATCH_CONDITION_NAME, "expression": match_condition(nudger)}],
             "variables": variables,
-            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch_expression(heartbeats)}}],
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch}}],
         },
     });
     let binding = json!({
@@ -231,14 +239,14 @@ fn objects(variables: Vec<Value>, heartbeats: bool, nudger: &str) -> (Value, Val
     (policy, binding)
 }
 
-/// The policy's CEL variables, `choice` the policy chain and `ratios`, `keys`, `applied` the
-/// per-policy tables (policy literal, CEL value); `beats` is added after them when on.
+/// The policy's CEL variables, `choice` the policy chain and `ratios`, `applied` the
+/// per-policy tables (policy literal, CEL value); the record's (`record_variables`) and
+/// `beats` (when on) come after them.
 fn rule_variables(
     choice: &str,
     ratios: &[(String, String)],
-    keys: &[(String, String)],
     applied: &[(String, String)],
-) -> Vec<(&'static str, String)> {
+) -> Vec<(String, String)> {
     let table = |entries: &[(String, String)]| {
         let body: Vec<String> = entries.iter().map(|(k, v)| format!("{k}: {v}")).collect();
         format!("{{{}}}[variables.choice]", body.join(", "))
@@ -256,7 +264,6 @@ fn rule_variables(
             ),
         ),
         ("ratios", table(ratios)),
-        ("ratioKeys", table(keys)),
         ("applied", table(applied)),
         (
             "alloc",
@@ -270,13 +277,16 @@ fn rule_variables(
         ),
     ]
     .into_iter()
-    .chain(record_variables())
+    .map(|(name, expression)| (name.to_string(), expression))
     .collect()
 }
 
-/// The variables that read the previous record and recompute each resource (`lines`).
-fn record_variables() -> [(&'static str, String); 9] {
-    [
+/// The variables that read the previous record and recompute each resource: per resource of
+/// `resources` (those some static policy inflates, sorted) straight-line variables
+/// (`resource_variables`), `restored` for any other the record holds (an earlier policy's, or
+/// the webhook's: rare), then `refuse` and `rawRecord` (per policy, its resources in `keys`).
+fn record_variables(resources: &[&str], keys: &[(&str, Vec<&str>)]) -> Vec<(String, String)> {
+    let mut variables: Vec<(String, String)> = [
         ("prevAnn", prev_annotations()),
         (
             "prevOK",
@@ -315,21 +325,116 @@ fn record_variables() -> [(&'static str, String); 9] {
              variables.prevSections[variables.prevSections.size() - 1].substring(6).split(',') : []"
                 .into(),
         ),
-        ("lines", lines()),
+    ]
+    .into_iter()
+    .map(|(name, expression)| (name.to_string(), expression))
+    .collect();
+    for (i, resource) in resources.iter().enumerate() {
+        variables.extend(resource_variables(i, resource));
+    }
+    let refuse: Vec<String> = resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            format!(
+                "({r} in variables.ratios && {r} in variables.alloc && {r} in variables.capacity && \
+                 isQuantity(variables.capacity[{r}]) && \
+                 quantity(variables.alloc[{r}]).isGreaterThan(quantity(variables.capacity[{r}])) && \
+                 !variables.fa{i})",
+                r = lit(r)
+            )
+        })
+        .collect();
+    let refuse = if refuse.is_empty() {
+        "false".to_string()
+    } else {
+        refuse.join(" || ")
+    };
+    variables.push(("restored".into(), restored(resources)));
+    variables.push(("refuse".into(), refuse));
+    variables.push(("rawRecord".into(), raw_record(resources, keys)));
+    variables
+}
+
+/// Resource `r`'s variables (`i` its index in the union), straight-line: `prI` its recorded raw
+/// text (`''`: none); `faI` whether the incoming value is the one last written (by value),
+/// needed only where the incoming text is not the recorded one (a kubelet sends its raw value,
+/// the recorded text) or above capacity; `rawI` the raw value; `wantI` the new allocatable.
+/// Read only where `r` is in the incoming allocatable.
+fn resource_variables(i: usize, r: &str) -> [(String, String); 4] {
+    let scale = if r == "cpu" { "3" } else { "0" };
+    let inc = format!("string(variables.alloc[{}])", lit(r));
+    let pr = format!("variables.pr{i}");
+    let usage = lookup_const("variables.prevUsage", r);
+    let ratio = lookup_const("variables.prevRatios", r);
+    let written = previously_written(&pr, &usage, &ratio, scale);
+    let raw = format!("variables.raw{i}");
+    [
+        (format!("pr{i}"), lookup_const("variables.prevRaw", r)),
         (
-            "refuse",
-            "variables.lines.exists(l, l.r in variables.ratios && l.fromAnn == 'n' && \
-             l.r in variables.capacity && isQuantity(variables.capacity[l.r]) && \
-             quantity(l.inc).isGreaterThan(quantity(variables.capacity[l.r])))"
-                .into(),
+            format!("fa{i}"),
+            format!("{pr} != '' && quantity({written}).compareTo(quantity({inc})) == 0"),
         ),
         (
-            "rawRecord",
-            "variables.ratioKeys.filter(k, k in variables.alloc).map(k, k + '=' + \
-             variables.lines.filter(l, l.r == k)[0].raw).join(',')"
-                .into(),
+            format!("raw{i}"),
+            format!("{pr} != '' && {pr} != {inc} && variables.fa{i} ? {pr} : {inc}"),
+        ),
+        (
+            format!("want{i}"),
+            format!(
+                "{r} in variables.ratios ? {} : {raw}",
+                inflate_in(&raw, &format!("variables.ratios[{}]", lit(r)), scale),
+                r = lit(r)
+            ),
         ),
     ]
+}
+
+/// `restored`: per resource outside `resources` that the record holds, `{r, inc, desired}`,
+/// the raw value put back where the incoming one is the one last written. The whole walk only
+/// where the record holds such a resource.
+fn restored(resources: &[&str]) -> String {
+    let union: Vec<String> = resources.iter().map(|r| lit(r)).collect();
+    let union = format!("[{}]", union.join(", "));
+    let recorded = lookup("variables.prevRaw", "r");
+    let written = previously_written(
+        "pr",
+        &lookup("variables.prevUsage", "r"),
+        &lookup("variables.prevRatios", "r"),
+        "s",
+    );
+    format!(
+        "variables.prevRaw.exists(p, !(p.split('=')[0] in {union})) ? \
+         variables.alloc.filter(r, !(r in {union}) && {recorded} != '').map(r, [{recorded}]\
+         .map(pr, [r == 'cpu' ? 3 : 0].map(s, {{'r': string(r), 'inc': string(variables.alloc[r]), \
+         'desired': quantity({written}).compareTo(quantity(variables.alloc[r])) == 0 ? pr : \
+         string(variables.alloc[r])}})[0])[0]) : []"
+    )
+}
+
+/// `rawRecord`: the raw values of the resources the winning policy inflates that the node
+/// has, `r=raw` in the policy's (sorted) order; `''` for no policy.
+fn raw_record(resources: &[&str], keys: &[(&str, Vec<&str>)]) -> String {
+    keys.iter()
+        .rev()
+        .fold("''".to_string(), |rest, (name, list)| {
+            let items: Vec<String> = list
+                .iter()
+                .map(|r| {
+                    let i = resources.iter().position(|u| u == r).unwrap_or_default();
+                    format!(
+                        "({} in variables.alloc ? {} + variables.raw{i} : '')",
+                        lit(r),
+                        lit(&format!("{r}="))
+                    )
+                })
+                .collect();
+            let record = match items.len() {
+                0 => "''".to_string(),
+                _ => format!("[{}].filter(t, t != '').join(',')", items.join(", ")),
+            };
+            format!("(variables.choice == {} ? {record} : {rest})", lit(name))
+        })
 }
 
 /// The node webhook's match condition while the compiled policy is in force: the node is not
@@ -486,42 +591,41 @@ fn format_binary(w: &str) -> String {
     )
 }
 
-/// floor(`raw` x ratio) for `resource`, as text: `raw` and `resource` are CEL expressions of
-/// strings, `ratio` of an int of millionths. Integer arithmetic only: u x whole + floor(u x
-/// frac / 10^6), the second split at 10^6 so that no product leaves int64 before the result
-/// does (an overflow is an evaluation error: the write goes through unchanged).
-fn inflate(raw: &str, ratio: &str, resource: &str) -> String {
-    let units = units(raw, "s");
-    let decimal = format_decimal("w", "s");
+/// floor(`raw` x ratio), as text: `raw` a CEL expression of a string, `ratio` of an int of
+/// millionths, `s` of the resource's scale (3 for cpu, counted in millicores; 0 else). Integer
+/// arithmetic only: u x whole + floor(u x frac / 10^6), the second split at 10^6 so that no
+/// product leaves int64 before the result does (an overflow is an evaluation error: the write
+/// goes through unchanged).
+fn inflate_in(raw: &str, ratio: &str, s: &str) -> String {
+    let units = units(raw, s);
+    let decimal = format_decimal("w", s);
     let binary = format_binary("w");
     format!(
-        "[{resource} == 'cpu' ? 3 : 0].map(s, [{ratio}].map(rm, [{units}].map(u, \
+        "[{ratio}].map(rm, [{units}].map(u, \
          u * (rm / 1000000) + (u / 1000000) * (rm % 1000000) + \
          (u % 1000000) * (rm % 1000000) / 1000000)[0]).map(w, \
-         [s == 0 && {raw}.matches('[KMGTPE]i$') && w >= 1024 ? {binary} : {decimal}]\
-         .map(t, quantity(t).compareTo(quantity({raw})) == 0 ? {raw} : t)[0])[0])[0]"
+         [{s} == 0 && {raw}.matches('[KMGTPE]i$') && w >= 1024 ? {binary} : {decimal}]\
+         .map(t, quantity(t).compareTo(quantity({raw})) == 0 ? {raw} : t)[0])[0]"
     )
 }
 
-/// Per resource the rule looks at: `{r, inc, raw, fromAnn ('y'/'n'), desired}`.
-fn lines() -> String {
-    let previous_ratio = lookup("variables.prevRatios", "r");
-    let previous_usage = lookup("variables.prevUsage", "r");
-    let previously_written = format!(
-        "({previous_usage} != '' ? {previous_usage} : [{previous_ratio}].map(pt, pt == '' ? pr : \
-         [{millionths}].map(pm, pm == 1000000 ? pr : {inflated})[0])[0])",
-        millionths = millionths("pt"),
-        inflated = inflate("pr", "pm", "r"),
-    );
-    let recorded = lookup("variables.prevRaw", "r");
+/// The value last written for a resource whose recorded raw text is `pr`: the recorded usage
+/// value (`usage`, a lookup), else `pr` x the recorded ratio (`ratio`), `s` the scale.
+fn previously_written(pr: &str, usage: &str, ratio: &str, s: &str) -> String {
     format!(
-        "variables.alloc.filter(r, r in variables.ratios || {recorded} != '')\
-         .map(r, [{recorded}].map(pr, [pr != '' && \
-         quantity({previously_written}).compareTo(quantity(variables.alloc[r])) == 0]\
-         .map(fromAnn, [fromAnn ? pr : string(variables.alloc[r])].map(raw, \
-         {{'r': string(r), 'inc': string(variables.alloc[r]), 'raw': raw, 'fromAnn': fromAnn ? 'y' : 'n', \
-         'desired': r in variables.ratios ? {desired} : raw}})[0])[0])[0])",
-        desired = inflate("raw", "variables.ratios[r]", "r"),
+        "[{usage}].map(pu, pu != '' ? pu : [{ratio}].map(pt, pt == '' ? {pr} : \
+         [{millionths}].map(pm, pm == 1000000 ? {pr} : {inflated})[0])[0])[0]",
+        millionths = millionths("pt"),
+        inflated = inflate_in(pr, "pm", s),
+    )
+}
+
+/// The value for the constant `resource` in a list of `name=value` texts (`''`: none).
+fn lookup_const(list: &str, resource: &str) -> String {
+    format!(
+        "[{list}.filter(p, p.startsWith({}))].map(m, m.size() > 0 ? m[0].substring({}) : '')[0]",
+        lit(&format!("{resource}=")),
+        resource.chars().count() + 1
     )
 }
 
@@ -559,20 +663,34 @@ fn beats(refresh: Duration) -> Option<String> {
     ))
 }
 
-/// The JSONPatch: allocatable where it differs by value, then the annotations, then (with
-/// `heartbeats`) the stored heartbeats put back.
-fn patch_expression(heartbeats: bool) -> String {
+/// The JSONPatch: allocatable where it differs by value (per resource of `resources`, then
+/// `restored`), then the annotations, then (with `heartbeats`) the stored heartbeats put back.
+fn patch_expression(resources: &[&str], heartbeats: bool) -> String {
     let beats = if heartbeats {
         " + variables.beats.transformList(i, t, t != '', JSONPatch{op: 'add', path: \
          '/status/conditions/' + string(i) + '/lastHeartbeatTime', value: t})"
     } else {
         ""
     };
+    let allocatable: String = resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let pointer = r.replace('~', "~0").replace('/', "~1");
+            format!(
+                "({r} in variables.alloc && variables.want{i} != variables.alloc[{r}] && \
+                 quantity(variables.want{i}).compareTo(quantity(variables.alloc[{r}])) != 0 ? \
+                 [JSONPatch{{op: 'replace', path: {path}, value: variables.want{i}}}] : []) + ",
+                r = lit(r),
+                path = lit(&format!("/status/allocatable/{pointer}"))
+            )
+        })
+        .collect();
     let path = |key: &str| format!("'/metadata/annotations/' + jsonpatch.escapeKey({key})");
     let keys = format!("[{}, {}]", lit(RAW_KEY), lit(APPLIED_KEY));
     format!(
-        "variables.choice == {webhook} || variables.refuse ? [] : \
-         variables.lines.filter(l, quantity(l.desired).compareTo(quantity(l.inc)) != 0)\
+        "variables.choice == {webhook} || variables.refuse ? [] : {allocatable}\
+         variables.restored.filter(l, quantity(l.desired).compareTo(quantity(l.inc)) != 0)\
          .map(l, JSONPatch{{op: 'replace', path: '/status/allocatable/' + jsonpatch.escapeKey(l.r), value: l.desired}}) + \
          (variables.choice == '' ? \
          (has(object.metadata.annotations) ? {keys}.filter(k, k in object.metadata.annotations)\

@@ -176,7 +176,7 @@ fn applied_text_is_what_the_node_rule_writes() {
             .unwrap_or_default();
         let policy = set.policies().find(|p| p.name == name);
         assert_eq!(policy.map(applied_text).as_deref(), Some(*want));
-        let table = compile(&set, REFRESH, NUDGER).policy["spec"]["variables"][4]["expression"]
+        let table = compile(&set, REFRESH, NUDGER).policy["spec"]["variables"][3]["expression"]
             .as_str()
             .unwrap_or_default()
             .to_string();
@@ -233,6 +233,105 @@ fn ratios_are_compiled_to_exact_millionths_without_ones() {
     assert!(
         ratios.contains("'everything': {'cpu': 1250000}"),
         "{ratios}"
+    );
+}
+
+/// A policy with a staged rollout stays with the webhook, which paces its changes; the compiled
+/// policy cannot.
+#[test]
+fn is_static_table() {
+    let set = |spec: &str| {
+        policies(&format!(
+            "apiVersion: overcommit.dev/v1alpha1\nkind: OvercommitPolicy\nmetadata: {{name: p}}\nspec:\n  nodeRatios: {{cpu: \"2\"}}\n{spec}"
+        ))
+    };
+    let cases = [
+        ("ratios only", "", true),
+        (
+            "staged rollout",
+            "  rollout: {maxNodesPerStep: 2, stepInterval: 10s}\n",
+            false,
+        ),
+        (
+            "paused rollout",
+            "  rollout: {maxNodesPerStep: 1, paused: true}\n",
+            false,
+        ),
+        (
+            "usage",
+            "  usage: {targetUtilization: {cpu: \"60%\"}, maxRatios: {cpu: \"4\"}}\n",
+            false,
+        ),
+        ("cap", "  requestCap: {cpu: \"300%\"}\n", false),
+    ];
+    for (what, spec, want) in cases {
+        let set = set(spec);
+        let Some(policy) = set.policies().next() else {
+            panic!("{what}: no policy")
+        };
+        assert_eq!(is_static(policy), want, "{what}");
+        let compiled = compile(&set, REFRESH, NUDGER);
+        let p = vec!["p".to_string()];
+        let (served, left) = if want { (p, vec![]) } else { (vec![], p) };
+        assert_eq!(
+            (compiled.in_process, compiled.webhook),
+            (served, left),
+            "{what}"
+        );
+    }
+}
+
+/// Per resource some static policy inflates, straight-line variables; the resources in no
+/// policy's ratios are restored from the record by `restored` alone.
+#[test]
+fn each_inflated_resource_gets_its_own_variables() {
+    let compiled = compile(&policies(SET), REFRESH, NUDGER);
+    let names: Vec<&str> = compiled.policy["spec"]["variables"]
+        .as_array()
+        .map(|vs| vs.iter().filter_map(|v| v["name"].as_str()).collect())
+        .unwrap_or_default();
+    // cpu, example.com/gpu, memory (sorted): `gpu` and `everything` inflate them; pods is 1.
+    for i in 0..3 {
+        for var in ["pr", "fa", "raw", "want"] {
+            assert!(
+                names.contains(&format!("{var}{i}").as_str()),
+                "{var}{i}: {names:?}"
+            );
+        }
+    }
+    assert!(!names.contains(&"pr3"), "{names:?}");
+    let patch = compiled.policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        patch.contains("path: '/status/allocatable/example.com~1gpu', value: variables.want1}"),
+        "{patch}"
+    );
+    let variable = |name: &str| {
+        compiled.policy["spec"]["variables"]
+            .as_array()
+            .and_then(|vs| vs.iter().find(|v| v["name"] == name))
+            .and_then(|v| v["expression"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        variable("restored").starts_with(
+            "variables.prevRaw.exists(p, !(p.split('=')[0] in ['cpu', 'example.com/gpu', 'memory'])) ?"
+        ),
+        "{}",
+        variable("restored")
+    );
+    // The record lists the winner's resources in its order, each where the node has it.
+    assert!(
+        variable("rawRecord").starts_with(
+            "(variables.choice == 'gpu' ? [('cpu' in variables.alloc ? 'cpu=' + variables.raw0 : ''), \
+             ('example.com/gpu' in variables.alloc ? 'example.com/gpu=' + variables.raw1 : ''), \
+             ('memory' in variables.alloc ? 'memory=' + variables.raw2 : '')].filter(t, t != '').join(',') : \
+             (variables.choice == 'everything' ? [('cpu' in variables.alloc ? 'cpu=' + variables.raw0 : '')]"
+        ),
+        "{}",
+        variable("rawRecord")
     );
 }
 

@@ -742,6 +742,7 @@ mod tests {
             pressure: None,
             eviction: None,
             generation: None,
+            staged: false,
             applied_listed: Default::default(),
         }
     }

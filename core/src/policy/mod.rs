@@ -203,6 +203,9 @@ pub struct CompiledPolicy {
     /// `overcommit.dev/applied` annotation, so that the policy's status can count the nodes
     /// carrying its current spec.
     pub generation: Option<i64>,
+    /// Whether the policy sets `spec.rollout` (its changes are paced: the webhook's, never the
+    /// compiled policy's; `in_process::is_static`).
+    pub staged: bool,
     /// The `overcommit.dev/applied` annotation's policy and ratios as the node rule writes
     /// them (`policy=NAME;ratios=...;generation=N`; None where they cannot be listed), made by the node
     /// rule on first use: the same for every node the policy inflates, so not rebuilt for each

@@ -90,6 +90,7 @@ pub(super) fn compile(policy: &OvercommitPolicy) -> Result<CompiledPolicy, Polic
         pressure,
         eviction,
         generation: policy.metadata.generation,
+        staged: spec.rollout.is_some(),
         applied_listed: Default::default(),
     })
 }
