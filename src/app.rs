@@ -93,8 +93,8 @@ pub struct ServeArgs {
     /// `in-process` (the leader keeps them compiled into a MutatingAdmissionPolicy and binding
     /// that the API server runs; refuses to start where the API server does not serve
     /// admissionregistration.k8s.io/v1 mutatingadmissionpolicies and bindings), or `auto`
-    /// (in-process where served, webhook otherwise). Policies with spec.usage or
-    /// spec.requestCap stay on the webhook.
+    /// (in-process where served, webhook otherwise). Policies with spec.usage,
+    /// spec.requestCap or spec.rollout stay on the webhook.
     #[arg(
         long,
         env = "KUBE_OVERCOMMIT_MODE",
