@@ -47,7 +47,7 @@ pub struct InProcessContext {
     /// `serve --heartbeat-refresh`: the compiled policy's quiet heartbeats, as the webhook's.
     pub heartbeat_refresh: Duration,
     /// The user whose node status writes are the leader's nudges (`serve --service-account`):
-    /// the compiled policy's match condition takes them.
+    /// the compiled policy's `takes` variable takes them.
     pub nudger: String,
     /// `admission::Settings::in_process`.
     pub flag: Arc<AtomicBool>,

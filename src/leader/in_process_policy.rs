@@ -413,9 +413,10 @@ mod tests {
                 true,
             ),
             (
-                "matchConditions removed",
+                "matchConditions added",
                 |p| {
-                    p["spec"].as_object_mut().unwrap().remove("matchConditions");
+                    p["spec"]["matchConditions"] =
+                        json!([{"name": "never", "expression": "false"}]);
                 },
                 true,
             ),

@@ -5,7 +5,7 @@
 //! and the node webhook sees nothing else, so a new, changed or deleted policy, a relabelled node
 //! or an opt-out would wait that long on a node whose allocatable is not inflated yet. The leader
 //! sends such a node an empty status PATCH (a "nudge", written as the ServiceAccount, which the
-//! node webhook's and the compiled policy's match conditions take); the webhook (or the
+//! node webhook's match condition and the compiled policy's `takes` take); the webhook (or the
 //! compiled policy) then applies the node rule to the stored node as to any status write.
 //!
 //! - `need`: whether the node rule would change the stored node, found by running it

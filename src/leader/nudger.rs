@@ -52,7 +52,7 @@ const FIELD_MANAGER: &str = "kube-overcommit-nudge";
 pub struct NudgeSettings {
     /// Nudges per second (`--nudge-rate`; 0: none).
     pub rate: f64,
-    /// The user the node webhook's and the compiled policy's match conditions take.
+    /// The user the node webhook's match condition and the compiled policy's `takes` take.
     pub nudger: String,
 }
 

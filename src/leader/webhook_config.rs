@@ -12,7 +12,10 @@
 //!   writers (node-problem-detector, controllers, users), whose writes keep the stored allocatable.
 //!   In in-process mode, while the compiled policy is in force, a second condition
 //!   (`served-by-webhook`, the complement of the compiled policy: `hand_over`) leaves out the
-//!   nodes the compiled policy serves.
+//!   nodes the compiled policy serves; when it serves every node, the node webhook is left out
+//!   of the configuration (the narrowing `in_process::NO_NODE_LEFT`), so that the API server
+//!   does not even evaluate its match conditions (each evaluation converts the node and the
+//!   old node to CEL values).
 //! - `pods.overcommit.dev`: CREATE pods in namespaces labelled
 //!   `overcommit.dev/pod-defaults=enabled`, never in kube-system or the webhook's own namespace
 //!   (namespaceSelector on that label and `kubernetes.io/metadata.name`), opt-out by the pod label
@@ -153,20 +156,23 @@ fn webhook_at(
 }
 
 /// The configuration as it must be; `narrowing`: the node webhook's second match condition
-/// (`hand_over::narrowing`), None: wide.
+/// (`hand_over::narrowing`), None: wide; `in_process::NO_NODE_LEFT`: no node webhook.
 pub fn desired(
     s: &WebhookSettings,
     ca_bundle: &[u8],
     narrowing: Option<&str>,
 ) -> MutatingWebhookConfiguration {
-    let nodes_condition = in_process::match_condition(&s.nudger);
-    let mut conditions = vec![(in_process::MATCH_CONDITION_NAME, nodes_condition.as_str())];
-    conditions.extend(narrowing.map(|n| (in_process::WEBHOOK_CONDITION_NAME, n)));
-    let mut nodes = webhook_at(s, NODES_WEBHOOK, "/mutate", ca_bundle, &conditions);
-    nodes.rules = Some(vec![
-        rule("UPDATE", "nodes/status", "Cluster"),
-        rule("CREATE", "nodes", "Cluster"),
-    ]);
+    let nodes = (narrowing != Some(in_process::NO_NODE_LEFT)).then(|| {
+        let nodes_condition = in_process::match_condition(&s.nudger);
+        let mut conditions = vec![(in_process::MATCH_CONDITION_NAME, nodes_condition.as_str())];
+        conditions.extend(narrowing.map(|n| (in_process::WEBHOOK_CONDITION_NAME, n)));
+        let mut nodes = webhook_at(s, NODES_WEBHOOK, "/mutate", ca_bundle, &conditions);
+        nodes.rules = Some(vec![
+            rule("UPDATE", "nodes/status", "Cluster"),
+            rule("CREATE", "nodes", "Cluster"),
+        ]);
+        nodes
+    });
     let mut pods = webhook(s, PODS_WEBHOOK, ca_bundle, PODS_CONDITION);
     pods.rules = Some(vec![rule("CREATE", "pods", "Namespaced")]);
     // Only namespaces that opted in (docs/policy.md: an AdmissionReview does not carry the
@@ -192,34 +198,55 @@ pub fn desired(
     });
     MutatingWebhookConfiguration {
         metadata: metadata(s),
-        webhooks: Some(vec![nodes, pods]),
+        webhooks: Some(nodes.into_iter().chain([pods]).collect()),
     }
 }
 
-/// The node webhook's narrowing in a live configuration (its `served-by-webhook` condition).
+/// The node webhook's narrowing in a live configuration: its `served-by-webhook` condition,
+/// `in_process::NO_NODE_LEFT` without a node webhook.
 pub fn live_narrowing(actual: &MutatingWebhookConfiguration) -> Option<String> {
-    actual
-        .webhooks
+    let Some(nodes) = node_webhook(actual) else {
+        return Some(in_process::NO_NODE_LEFT.into());
+    };
+    nodes
+        .match_conditions
         .iter()
         .flatten()
-        .filter(|w| w.name == NODES_WEBHOOK)
-        .flat_map(|w| w.match_conditions.iter().flatten())
         .find(|c| c.name == in_process::WEBHOOK_CONDITION_NAME)
         .map(|c| c.expression.clone())
 }
 
+fn node_webhook(config: &MutatingWebhookConfiguration) -> Option<&MutatingWebhook> {
+    config
+        .webhooks
+        .iter()
+        .flatten()
+        .find(|w| w.name == NODES_WEBHOOK)
+}
+
 /// The `action` of a repair, for the log and `kube_overcommit_config_repairs_total`: `narrowed`
-/// or `widened` when only the node webhook's narrowing changes (in-process hand-over),
-/// `repaired` otherwise.
+/// or `widened` when only the node webhook's narrowing changes (in-process hand-over: its
+/// condition, or the node webhook left out or put back), `repaired` otherwise.
 pub fn repair_action(
     actual: &MutatingWebhookConfiguration,
     want: &MutatingWebhookConfiguration,
     drifted: &[String],
 ) -> &'static str {
-    let only_conditions = drifted == [format!("{NODES_WEBHOOK}.matchConditions")];
+    let without_nodes = |c: &MutatingWebhookConfiguration| {
+        let mut c = c.clone();
+        c.webhooks = c
+            .webhooks
+            .map(|w| w.into_iter().filter(|w| w.name != NODES_WEBHOOK).collect());
+        c
+    };
+    let node_webhook_only = match (node_webhook(actual), node_webhook(want)) {
+        (Some(_), Some(_)) => drifted == [format!("{NODES_WEBHOOK}.matchConditions")],
+        (None, None) => false,
+        _ => drift(&without_nodes(actual), &without_nodes(want)).is_empty(),
+    };
     match (live_narrowing(actual), live_narrowing(want)) {
-        (None, Some(_)) if only_conditions => "narrowed",
-        (Some(_), None) if only_conditions => "widened",
+        (None, Some(_)) if node_webhook_only => "narrowed",
+        (Some(_), None) if node_webhook_only => "widened",
         _ => "repaired",
     }
 }
@@ -892,7 +919,7 @@ mod tests {
     #[test]
     fn narrowing_is_the_node_webhooks_second_condition() {
         let wide = desired(&settings(), b"CA", None);
-        let narrowed = desired(&settings(), b"CA", Some("false"));
+        let narrowed = desired(&settings(), b"CA", Some("labels['a'] == 'b'"));
         let hooks = narrowed.webhooks.clone().unwrap_or_default();
         let names: Vec<&str> = hooks[0]
             .match_conditions
@@ -908,7 +935,10 @@ mod tests {
             hooks[1].match_conditions,
             wide.webhooks.clone().unwrap_or_default()[1].match_conditions
         );
-        assert_eq!(live_narrowing(&narrowed).as_deref(), Some("false"));
+        assert_eq!(
+            live_narrowing(&narrowed).as_deref(),
+            Some("labels['a'] == 'b'")
+        );
         assert_eq!(live_narrowing(&wide), None);
         assert_eq!(
             drift(&wide, &narrowed),
@@ -921,6 +951,50 @@ mod tests {
         let other = desired(&settings(), b"CA", Some("true"));
         assert_eq!(
             repair_action(&narrowed, &other, &drift(&narrowed, &other)),
+            "repaired"
+        );
+    }
+
+    /// In-process mode with every node served by the compiled policy: no node webhook at all
+    /// (the API server evaluates nothing for node writes); it reads back as that narrowing, and
+    /// putting it back is widening.
+    #[test]
+    fn narrowing_to_no_node_leaves_the_node_webhook_out() {
+        let wide = desired(&settings(), b"CA", None);
+        let none = desired(&settings(), b"CA", Some(in_process::NO_NODE_LEFT));
+        let names: Vec<&str> = none
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.name.as_str())
+            .collect();
+        assert_eq!(names, [PODS_WEBHOOK]);
+        assert_eq!(
+            none.webhooks.as_ref().map(|w| &w[0]),
+            wide.webhooks.as_ref().map(|w| &w[1]),
+            "the pod webhook is untouched"
+        );
+        assert_eq!(
+            live_narrowing(&none).as_deref(),
+            Some(in_process::NO_NODE_LEFT)
+        );
+        let drifted = drift(&wide, &none);
+        assert_eq!(drifted, ["webhooks"]);
+        assert!(drift(&repaired(&wide, &none), &none).is_empty());
+        assert_eq!(repair_action(&wide, &none, &drifted), "narrowed");
+        assert_eq!(repair_action(&none, &wide, &drift(&none, &wide)), "widened");
+        // Anything else changed beside it is a repair.
+        let mut tampered = wide.clone();
+        if let Some(hooks) = tampered.webhooks.as_mut() {
+            hooks[1].timeout_seconds = Some(30);
+        }
+        assert_eq!(
+            repair_action(&tampered, &none, &drift(&tampered, &none)),
+            "repaired"
+        );
+        let narrowed = desired(&settings(), b"CA", Some("labels['a'] == 'b'"));
+        assert_eq!(
+            repair_action(&narrowed, &none, &drift(&narrowed, &none)),
             "repaired"
         );
     }

@@ -6,6 +6,8 @@
 //! What the compiled policy does is `node::decide` for the nodes whose winning policy is
 //! static (no `spec.usage`, `spec.requestCap` or `spec.rollout`), step by step (the CEL
 //! variable in brackets):
+//! - **Writers** (`takes`): registrations, kubelets' status writes and the leader's nudges, as
+//!   the node webhook's match condition; any other write gets no patch.
 //! - **Policy** (`choice`): `overcommit.dev/disabled=true` opts out; else the first policy, in
 //!   `PolicySet` order (priority, then name), with ratios whose selector matches. A node whose
 //!   winner needs outside data (usage, cap) gets `!`: the compiled policy leaves it alone (the
@@ -53,16 +55,22 @@ use crate::quantity::Ratio;
 
 /// Name of the compiled MutatingAdmissionPolicy and of its binding.
 pub const POLICY_NAME: &str = "nodes.overcommit.dev";
-/// Name of the match condition of the node webhook and of the compiled policy.
+/// Name of the match condition of the node webhook.
 pub const MATCH_CONDITION_NAME: &str = "node-registration-kubelet-or-nudge";
 /// Name of the node webhook's second match condition while the compiled policy is in force
 /// (`Compiled::webhook_condition`): the API server then calls the webhook only for the nodes the
 /// compiled policy leaves to it.
 pub const WEBHOOK_CONDITION_NAME: &str = "served-by-webhook";
+/// `Compiled::webhook_condition` when the compiled policy serves every node: the leader then
+/// leaves the node webhook out of the configuration.
+pub const NO_NODE_LEFT: &str = "false";
 
-/// Which node writes the node webhook and the compiled policy see: registrations, status writes
+/// Which node writes the node webhook and the compiled policy take: registrations, status writes
 /// by kubelets (the group `system:nodes`), and the leader's nudges, the status writes of the
 /// user `nudger` (the ServiceAccount's, `system:serviceaccount:NS:NAME`), and no other user's.
+/// The webhook's match condition; in the compiled policy the variable `takes`, not a match
+/// condition: the API server converts the whole node and old node for each CEL evaluation
+/// (match conditions apart from the mutation), and the writes it leaves out are rare.
 pub fn match_condition(nudger: &str) -> String {
     format!(
         "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in \
@@ -193,7 +201,7 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
             format!("({selector} ? {} : {rest})", lit(choice))
         });
     let resources: Vec<&str> = union.into_iter().collect();
-    let variables = rule_variables(&choice, &ratios, &applied)
+    let variables = rule_variables(&choice, &ratios, &applied, nudger)
         .into_iter()
         .chain(record_variables(&resources, &keys))
         .chain(beats(heartbeat_refresh).map(|expression| ("beats".to_string(), expression)));
@@ -202,7 +210,7 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
         .collect();
     let heartbeats = variables.iter().any(|v| v["name"] == "beats");
     let patch = patch_expression(&resources, heartbeats);
-    let (policy, binding) = objects(variables, patch, nudger);
+    let (policy, binding) = objects(variables, patch);
     Compiled {
         policy,
         binding,
@@ -213,7 +221,7 @@ pub fn compile(policies: &PolicySet, heartbeat_refresh: Duration, nudger: &str) 
 }
 
 /// The MutatingAdmissionPolicy of `variables` and the JSONPatch `patch`, and its binding.
-fn objects(variables: Vec<Value>, patch: String, nudger: &str) -> (Value, Value) {
+fn objects(variables: Vec<Value>, patch: String) -> (Value, Value) {
     let policy = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
@@ -222,7 +230,6 @@ fn objects(variables: Vec<Value>, patch: String, nudger: &str) -> (Value, Value)
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
             "matchConstraints": node_writes(),
-            "matchConditions": [{"name": MATCH_CONDITION_NAME, "expression": match_condition(nudger)}],
             "variables": variables,
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": patch}}],
         },
@@ -240,12 +247,13 @@ fn objects(variables: Vec<Value>, patch: String, nudger: &str) -> (Value, Value)
 }
 
 /// The policy's CEL variables, `choice` the policy chain and `ratios`, `applied` the
-/// per-policy tables (policy literal, CEL value); the record's (`record_variables`) and
-/// `beats` (when on) come after them.
+/// per-policy tables (policy literal, CEL value), `takes` the writers (`match_condition` of
+/// `nudger`); the record's (`record_variables`) and `beats` (when on) come after them.
 fn rule_variables(
     choice: &str,
     ratios: &[(String, String)],
     applied: &[(String, String)],
+    nudger: &str,
 ) -> Vec<(String, String)> {
     let table = |entries: &[(String, String)]| {
         let body: Vec<String> = entries.iter().map(|(k, v)| format!("{k}: {v}")).collect();
@@ -275,6 +283,7 @@ fn rule_variables(
             "has(object.status) && has(object.status.capacity) ? object.status.capacity : {}"
                 .into(),
         ),
+        ("takes", match_condition(nudger)),
     ]
     .into_iter()
     .map(|(name, expression)| (name.to_string(), expression))
@@ -447,7 +456,7 @@ fn webhook_condition(chain: &[(&[Requirement], &str)]) -> String {
         .iter()
         .rposition(|(_, choice)| *choice == WEBHOOK_CHOICE);
     let Some(last) = last else {
-        return "false".into();
+        return NO_NODE_LEFT.into();
     };
     let choice =
         chain[..=last]
@@ -689,7 +698,7 @@ fn patch_expression(resources: &[&str], heartbeats: bool) -> String {
     let path = |key: &str| format!("'/metadata/annotations/' + jsonpatch.escapeKey({key})");
     let keys = format!("[{}, {}]", lit(RAW_KEY), lit(APPLIED_KEY));
     format!(
-        "variables.choice == {webhook} || variables.refuse ? [] : {allocatable}\
+        "!variables.takes || variables.choice == {webhook} || variables.refuse ? [] : {allocatable}\
          variables.restored.filter(l, quantity(l.desired).compareTo(quantity(l.inc)) != 0)\
          .map(l, JSONPatch{{op: 'replace', path: '/status/allocatable/' + jsonpatch.escapeKey(l.r), value: l.desired}}) + \
          (variables.choice == '' ? \

@@ -94,13 +94,24 @@ fn the_compiled_objects_match_what_the_node_webhook_matches_and_fail_open() {
     assert_eq!(rules[0]["resources"][0], "nodes/status");
     assert_eq!(rules[1]["operations"][0], "CREATE");
     assert_eq!(rules[1]["resources"][0], "nodes");
-    assert_eq!(spec["matchConditions"][0]["name"], MATCH_CONDITION_NAME);
+    // The writers are a variable the patch reads first, not a match condition: each CEL
+    // evaluation converts the node and the old node anew.
+    assert!(spec.get("matchConditions").is_none(), "{spec}");
+    let takes = spec["variables"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "takes"));
     assert_eq!(
-        spec["matchConditions"][0]["expression"],
-        "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in \
-         request.userInfo.groups) || request.userInfo.username == \
-         'system:serviceaccount:kube-overcommit:kube-overcommit'"
+        takes.map(|v| &v["expression"]),
+        Some(&Value::from(
+            "request.operation == 'CREATE' || (has(request.userInfo.groups) && 'system:nodes' in \
+             request.userInfo.groups) || request.userInfo.username == \
+             'system:serviceaccount:kube-overcommit:kube-overcommit'"
+        ))
     );
+    let patch = spec["mutations"][0]["jsonPatch"]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(patch.starts_with("!variables.takes || "), "{patch}");
     assert_eq!(spec["mutations"][0]["patchType"], "JSONPatch");
     assert_eq!(compiled.binding["spec"]["policyName"], POLICY_NAME);
     assert_eq!(compiled.policy["metadata"]["name"], POLICY_NAME);
@@ -413,8 +424,11 @@ fn quiet_heartbeats_are_compiled_with_the_refresh_period_and_not_when_it_is_off(
                     ),
                     "{patch}"
                 );
-                // A node left to the webhook, or a refused value: no patch at all.
-                assert!(patch.starts_with("variables.choice == '!' || variables.refuse ? [] :"));
+                // Another writer's write, a node left to the webhook, or a refused value: no
+                // patch at all.
+                assert!(patch.starts_with(
+                    "!variables.takes || variables.choice == '!' || variables.refuse ? [] :"
+                ));
             }
             None => {
                 assert_eq!(beats, None, "{refresh:?}");

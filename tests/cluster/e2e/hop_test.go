@@ -111,6 +111,17 @@ spec:
 	})
 }
 
+// hasNodeWebhook: the configuration has the node webhook (in-process mode leaves it out while
+// the compiled policy serves every node).
+func hasNodeWebhook(c *admissionregistrationv1.MutatingWebhookConfiguration) bool {
+	for _, w := range c.Webhooks {
+		if w.Name == "nodes.overcommit.dev" {
+			return true
+		}
+	}
+	return false
+}
+
 // narrowingOf: the node webhook's served-by-webhook condition ("" without one).
 func narrowingOf(c *admissionregistrationv1.MutatingWebhookConfiguration) string {
 	for _, w := range c.Webhooks {

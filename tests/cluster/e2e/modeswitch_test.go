@@ -6,8 +6,9 @@ package e2e
 // stored version of the nodes, from their first inflated one, carries exactly
 // floor(7913m x 1.5) = 11869m with the listed annotations (never compounded), or, at most for
 // one write at a hand-over, the kubelet's own value; the install's placeholder policy is filled
-// in in in-process mode (and the webhook then patches nothing) and put back in webhook mode;
-// `status` names the path of the nodes in each mode.
+// in in in-process mode (and the webhook then patches nothing; the node webhook is left out of
+// the configuration, as the compiled policy serves every node) and put back in webhook mode
+// (the node webhook back, wide); `status` names the path of the nodes in each mode.
 
 import (
 	"context"
@@ -203,6 +204,22 @@ func TestModeSwitchUnderKubeletWrites(t *testing.T) {
 		return nil
 	})
 	paths("in-process(" + ns + ")")
+	// The compiled policy serves every node (one static policy): the leader leaves the node
+	// webhook out of its configuration, so the API server evaluates nothing of it for node
+	// writes ...
+	nodeWebhook := func(want bool) func() error {
+		return func() error {
+			c, err := shared.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, ns, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if got := hasNodeWebhook(c); got != want || narrowingOf(c) != "" {
+				return fmt.Errorf("node webhook there %v (narrowing %q), want there %v and wide", got, narrowingOf(c), want)
+			}
+			return nil
+		}
+	}
+	repairedWithin(t, "node webhook left out", 30*time.Second, nodeWebhook(false))
 	// ... and the API server alone inflates the writes that follow.
 	before := patched()
 	writes("in-process mode", 3)
@@ -221,6 +238,7 @@ func TestModeSwitchUnderKubeletWrites(t *testing.T) {
 		return nil
 	})
 	paths("webhook")
+	repairedWithin(t, "node webhook put back, wide", 30*time.Second, nodeWebhook(true))
 	before = patched()
 	writes("webhook mode again", 3)
 	if after := patched(); after < before+msNodes {
