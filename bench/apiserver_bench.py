@@ -176,9 +176,9 @@ def webhook_off(api: Api, addr: str, port: int) -> None:
 
 def inprocess_on(binary: Path, heartbeat_refresh: str, map_file: Path | None = None) -> None:
     """The bench policy compiled into a MutatingAdmissionPolicy + binding (what `serve --mode
-    in-process` keeps), named like the bench's webhook. Its matchConditions (kubelet writes and
-    registrations only) are dropped, as the bench's webhook configuration has none, so that the
-    probe PATCHes of this client are mutated in every phase alike. `heartbeat_refresh` "0" (quiet
+    in-process` keeps), named like the bench's webhook. It takes registrations and kubelet writes
+    only (its variable `takes`), so the probe PATCHes are written as the node; a hand-written
+    variant's matchConditions are dropped. `heartbeat_refresh` "0" (quiet
     heartbeats off) in the phase compared with the "kube-overcommit" phase (the same writes reach
     storage); the report frequency in the quiet one, as the quiet webhook phase has it.
     `map_file`: a hand-written MutatingAdmissionPolicy (JSON: the policy, or a List holding it)
@@ -671,19 +671,19 @@ def profile_inprocess(binary: Path, patches: int, seconds: int, map_files: dict 
                 continue
             inprocess_off()
             if refresh is None:
-                wait_for("no compiled policy in force", lambda: patch_latencies(api, raw, 1)["mutated"] == 0,
+                wait_for("no compiled policy in force", lambda: patch_latencies(api, raw, 1, as_node=True)["mutated"] == 0,
                          timeout=60, interval=1)
             else:
                 inprocess_on(binary, refresh, (map_files or {}).get(phase))
-                wait_for("the compiled policy to be in force", lambda: patch_latencies(api, raw, 1)["mutated"] == 1,
+                wait_for("the compiled policy to be in force", lambda: patch_latencies(api, raw, 1, as_node=True)["mutated"] == 1,
                          timeout=60, interval=1)
-            patch_latencies(api, raw, 50)
+            patch_latencies(api, raw, 50, as_node=True)
             profile = OUT / f"pprof-apiserver-{phase}.pb.gz"
             c0 = control_plane_counters(api)
             # The profile runs beside the PATCHes, which outlast it.
             recorder = threading.Thread(target=_pprof, args=(api, seconds, profile))
             recorder.start()
-            lat = patch_latencies(api, raw, patches)
+            lat = patch_latencies(api, raw, patches, as_node=True)
             recorder.join()
             c1 = control_plane_counters(api)
             done = c1["status_patches"] - c0["status_patches"]

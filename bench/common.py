@@ -228,7 +228,8 @@ PHASE_NAMES = {"off": "none (no overcommit)",
 INPROCESS_PHASE = "in-process"
 # What a user runs: kube-overcommit `serve --mode in-process` (one replica and its leader, behind
 # its own Service): the leader keeps the compiled policy (quiet heartbeats compiled in, at the fake
-# kubelets' report frequency as in QUIET_PHASE) and narrows the node webhook to the nodes it leaves.
+# kubelets' report frequency as in QUIET_PHASE) and narrows the node webhook to the nodes it leaves
+# (none here: it leaves the node webhook out of its configuration).
 INPROCESS_QUIET_PHASE = "in-process-quiet"
 # The phases `apiserver_bench.run` measures, in order.
 MEASURED_PHASES = ("off", INPROCESS_QUIET_PHASE, "kube-overcommit", "kube-overcommit-quiet", "go-webhook")
@@ -324,7 +325,8 @@ def apiserver_markdown(r: dict) -> list[str]:
               "bench/policy.yaml, --heartbeat-refresh at the fake kubelets' report frequency) behind its own Service; the "
               "leader fills in the placeholder MutatingAdmissionPolicy of deploy/components/in-process, keeps its "
               "MutatingWebhookConfiguration and narrows the node webhook (served-by-webhook) to the nodes the compiled "
-              "policy leaves to it: none here, the bench policy being static and selecting every node. The phase is "
+              "policy leaves to it: none here, the bench policy being static and selecting every node, so the node webhook "
+              "is left out of the configuration (the API server evaluates nothing of it for node writes). The phase is "
               "measured once the webhook is narrowed, a probe PATCH comes back inflated and every fleet node is inflated; "
               "its node reviews are counted from its own /metrics over the phase. The quiet webhook phase is what a user "
               "runs in webhook mode, the same replica with `--mode webhook`: its leader keeps the webhook configuration "
