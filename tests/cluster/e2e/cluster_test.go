@@ -52,8 +52,17 @@ func createNamespace(t *testing.T, ctx context.Context, name string) {
 // the fake kubelets make them Running so the Deployment becomes available.
 func TestDeploymentScheduledOnFakeNodes(t *testing.T) {
 	onShared(t)
-	ctx := harness.Context(t, 3*time.Minute)
+	ctx := harness.Context(t, 4*time.Minute)
 	ns := "e2e-deploy"
+	// The nodes must be schedulable first: a new node carries the not-ready taint until the
+	// node lifecycle controller's first pass, and a pod refused for it waits in the
+	// scheduler's unschedulable queue for a node event.
+	for i := 0; i < 3; i++ {
+		if err := waitNode(ctx, shared.Client, fmt.Sprintf("node-%d", i), time.Minute, nodeReady, untainted); err != nil {
+			logClusterState(t, ns)
+			t.Fatal(err)
+		}
+	}
 	createNamespace(t, ctx, ns)
 	labels := map[string]string{"app": "web"}
 	_, err := shared.Client.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{
@@ -91,7 +100,7 @@ func TestDeploymentScheduledOnFakeNodes(t *testing.T) {
 			}
 		}
 		if scheduled != 3 {
-			return fmt.Errorf("%d of 3 pods running on fake nodes", scheduled)
+			return fmt.Errorf("%d of 3 pods running on fake nodes: %s", scheduled, describePods(pods.Items))
 		}
 		d, err := shared.Client.AppsV1().Deployments(ns).Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
@@ -103,8 +112,52 @@ func TestDeploymentScheduledOnFakeNodes(t *testing.T) {
 		return nil
 	})
 	if err != nil {
+		logClusterState(t, ns)
 		t.Fatal(err)
 	}
+}
+
+// logClusterState logs the shared cluster's nodes (readiness, taints, allocatable), the events
+// of ns and the components' last log lines, so that a scheduling failure says what the
+// scheduler, the controllers and the fake kubelets saw.
+func logClusterState(t *testing.T, ns string) {
+	t.Helper()
+	shared.DumpLogs(t, 40, "scheduler", "controller-manager", "fake-nodes", "supervisor")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if nodes, err := shared.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+		for _, n := range nodes.Items {
+			ready := "?"
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady {
+					ready = string(c.Status)
+				}
+			}
+			alloc := n.Status.Allocatable
+			t.Logf("node %s ready=%s unschedulable=%v taints=%v allocatable cpu=%s memory=%s", n.Name, ready,
+				n.Spec.Unschedulable, n.Spec.Taints, alloc.Cpu(), alloc.Memory())
+		}
+	}
+	if events, err := shared.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, e := range events.Items {
+			t.Logf("event %s/%s %s: %s", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
+}
+
+// describePods says where each pod is and why, for a failure message: name, node, phase,
+// and the message of each condition that is not true.
+func describePods(pods []corev1.Pod) string {
+	var b strings.Builder
+	for _, p := range pods {
+		fmt.Fprintf(&b, "\n  %s node=%q phase=%s deleting=%v", p.Name, p.Spec.NodeName, p.Status.Phase, p.DeletionTimestamp != nil)
+		for _, c := range p.Status.Conditions {
+			if c.Status != corev1.ConditionTrue {
+				fmt.Fprintf(&b, " %s=%s(%s: %s)", c.Type, c.Status, c.Reason, c.Message)
+			}
+		}
+	}
+	return b.String()
 }
 
 // testCA is a CA and a serving certificate for <svc>.<ns>.svc, like the webhook's own.

@@ -233,10 +233,17 @@ func (c *Cluster) Restart(component string, args ...string) error {
 	return nil
 }
 
-// DumpLogs writes the last lines of every component log to the test log.
-func (c *Cluster) DumpLogs(t testing.TB, lines int) {
+// DumpLogs writes the last lines of every component log to the test log, or of the named ones
+// only (e.g. "scheduler", "fake-nodes": <run>/logs/NAME.log).
+func (c *Cluster) DumpLogs(t testing.TB, lines int, names ...string) {
 	t.Helper()
 	logs, _ := filepath.Glob(filepath.Join(c.RunDir, "logs", "*.log"))
+	if len(names) > 0 {
+		logs = logs[:0]
+		for _, n := range names {
+			logs = append(logs, filepath.Join(c.RunDir, "logs", n+".log"))
+		}
+	}
 	for _, l := range logs {
 		data, err := os.ReadFile(l)
 		if err != nil {
