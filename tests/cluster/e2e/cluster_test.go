@@ -127,14 +127,8 @@ func logClusterState(t *testing.T, ns string) {
 	defer cancel()
 	if nodes, err := shared.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
 		for _, n := range nodes.Items {
-			ready := "?"
-			for _, c := range n.Status.Conditions {
-				if c.Type == corev1.NodeReady {
-					ready = string(c.Status)
-				}
-			}
 			alloc := n.Status.Allocatable
-			t.Logf("node %s ready=%s unschedulable=%v taints=%v allocatable cpu=%s memory=%s", n.Name, ready,
+			t.Logf("node %s ready=%q unschedulable=%v taints=%v allocatable cpu=%s memory=%s", n.Name, nodeCondition(&n, corev1.NodeReady).Status,
 				n.Spec.Unschedulable, n.Spec.Taints, alloc.Cpu(), alloc.Memory())
 		}
 	}

@@ -237,12 +237,12 @@ func (c *Cluster) Restart(component string, args ...string) error {
 // only (e.g. "scheduler", "fake-nodes": <run>/logs/NAME.log).
 func (c *Cluster) DumpLogs(t testing.TB, lines int, names ...string) {
 	t.Helper()
-	logs, _ := filepath.Glob(filepath.Join(c.RunDir, "logs", "*.log"))
-	if len(names) > 0 {
-		logs = logs[:0]
-		for _, n := range names {
-			logs = append(logs, filepath.Join(c.RunDir, "logs", n+".log"))
-		}
+	var logs []string
+	for _, n := range names {
+		logs = append(logs, filepath.Join(c.RunDir, "logs", n+".log"))
+	}
+	if len(names) == 0 {
+		logs, _ = filepath.Glob(filepath.Join(c.RunDir, "logs", "*.log"))
 	}
 	for _, l := range logs {
 		data, err := os.ReadFile(l)
